@@ -1,0 +1,251 @@
+/*
+ * flashattn.h - exact attention (FlashAttention-2 / FlashAttention-3) as a C library.
+ *
+ * This is the only public header. It is C11, needs no CUDA headers, and is enough to use the library.
+ *
+ * What it computes (one query head h, one batch entry b):
+ *
+ *     S[i][j] = softmax_scale * dot(Q[i], K[j])            i < seqlen_q, j < seqlen_k
+ *     S[i][j] = softcap * tanh(S[i][j] / softcap)          if softcap > 0
+ *     S[i][j] = -inf                                       if key j is masked for query i (causal, window)
+ *     S[i][j] -= slope[h] * |i + seqlen_k - seqlen_q - j|  if alibi_slopes != NULL
+ *     LSE[i]  = log(sum_j exp(S[i][j]))                    natural log, fp32
+ *     O[i]    = sum_j exp(S[i][j] - LSE[i]) * V[j]
+ *
+ * Masks are aligned bottom-right (as flash-attn >= 2.1, FA3, FlashInfer): query i "sits" at key position
+ * i + seqlen_k - seqlen_q. With d = i + seqlen_k - seqlen_q, key j is visible when
+ *
+ *     (window_left  < 0 || j >= d - window_left) && (window_right < 0 || j <= d + window_right)
+ *
+ * and causal = 1 is window_right = 0 (it overrides window_right). For seqlen_q = 3, seqlen_k = 5, causal:
+ *
+ *         keys 0 1 2 3 4
+ *     q0       x x x . .
+ *     q1       x x x x .
+ *     q2       x x x x x
+ *
+ * For seqlen_q = 5, seqlen_k = 3, causal, rows q0 and q1 see no key at all.
+ *
+ * A row that sees no key (fully masked, or seqlen_k = 0 in a varlen batch) gets O = 0, LSE = -inf and zero
+ * gradients. (flash-attn 2.x writes LSE = +inf there; FA3, cuDNN and FlashInfer write -inf, as we do.)
+ *
+ * GQA / MQA: query head h reads key/value head h / (heads_q / heads_kv); the backward sums dK and dV over
+ * the query heads of a group.
+ *
+ * Tensors are (batch, seqlen, heads, head_dim) with arbitrary element strides for the first three
+ * dimensions; head_dim is contiguous. In a varlen batch (cu_seqlens_q/k set) Q/K/V/O are packed
+ * (total_tokens, heads, head_dim): row r of sequence b is token cu_seqlens[b] + r, and stride_batch is unused.
+ *
+ * Memory spaces: the CPU and reference backends take host pointers; the CUDA and naive backends take device
+ * pointers for every array, cu_seqlens and alibi_slopes included. The library never frees what it is given.
+ *
+ * Errors: every call returns an fa_status. On failure nothing has been written to any output, and
+ * fa_last_error() holds a message naming the offending field and value (per thread).
+ *
+ * Thread safety: calls are reentrant; concurrent calls on distinct outputs are safe.
+ */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define FA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FA_API __attribute__((visibility("default")))
+#else
+#define FA_API
+#endif
+
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+#define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Status codes
+ * ------------------------------------------------------------------------------------------------------- */
+
+typedef enum fa_status {
+    FA_OK                      = 0,
+    FA_ERR_INVALID_ARGUMENT    = 1, /* NULL pointer, bad size or stride, heads_q % heads_kv != 0, ... */
+    FA_ERR_UNSUPPORTED         = 2, /* valid, but this backend does not implement it (head_dim, dtype, ...) */
+    FA_ERR_NOT_COMPILED        = 3, /* the backend was not built into this library */
+    FA_ERR_NO_DEVICE           = 4, /* the CUDA backend was asked for but no usable GPU is present */
+    FA_ERR_WORKSPACE_TOO_SMALL = 5, /* workspace_bytes < fa_workspace_size() */
+    FA_ERR_OUT_OF_MEMORY       = 6, /* host or device allocation failed */
+    FA_ERR_DEVICE              = 7, /* a CUDA call or kernel launch failed */
+    FA_ERR_INTERNAL            = 8  /* a bug in the library; please report it with fa_last_error() */
+} fa_status;
+
+/* Short static description of a status ("invalid argument"); never NULL, also for unknown values. */
+FA_API const char *fa_strerror(fa_status status);
+
+/* The enumerator's name ("FA_ERR_INVALID_ARGUMENT"); never NULL. */
+FA_API const char *fa_status_name(fa_status status);
+
+/* Detail of this thread's last failed call, e.g. "heads_q (12) is not a multiple of heads_kv (5)".
+ * Empty string after a successful call. The pointer is valid until this thread's next library call. */
+FA_API const char *fa_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Types
+ * ------------------------------------------------------------------------------------------------------- */
+
+typedef enum fa_dtype {
+    FA_F32  = 0, /* float */
+    FA_F16  = 1, /* IEEE half, stored as uint16_t */
+    FA_BF16 = 2  /* bfloat16, stored as uint16_t */
+} fa_dtype;
+
+typedef enum fa_backend {
+    FA_BACKEND_AUTO      = 0, /* CUDA if built, a GPU is present and q is device memory; else CPU */
+    FA_BACKEND_CPU       = 1, /* FlashAttention-2 on the CPU (OpenMP, SIMD); host pointers */
+    FA_BACKEND_CUDA      = 2, /* FlashAttention-2 kernels (sm_80+), FlashAttention-3 forward on sm_90 */
+    FA_BACKEND_REFERENCE = 3, /* fp64, materialises S and P; host pointers; slow, O(N^2) memory: the oracle */
+    FA_BACKEND_NAIVE     = 4  /* "standard attention" on the GPU: S and P in device memory, cuBLAS GEMMs */
+} fa_backend;
+
+/* Which CUDA kernel family runs (FA_BACKEND_CUDA only). AUTO picks FA3 on compute capability 9.0 for the
+ * shapes it supports and FA2 otherwise; the environment variable FLASHATTN_KERNEL=fa2|fa3 overrides AUTO. */
+typedef enum fa_kernel {
+    FA_KERNEL_AUTO = 0,
+    FA_KERNEL_FA2  = 2,
+    FA_KERNEL_FA3  = 3
+} fa_kernel;
+
+/* A view of a (batch, seqlen, heads, head_dim) tensor. Strides are in elements; head_dim is contiguous. */
+typedef struct fa_tensor {
+    void   *data;
+    int64_t stride_batch; /* unused in a varlen batch */
+    int64_t stride_seq;
+    int64_t stride_head;
+} fa_tensor;
+
+/* The attention problem: sizes, options and data. Fill it with fa_params_init(), then set the tensors and
+ * any options. The forward reads q, k, v and writes o and lse; the backward reads q, k, v, o, lse, dout and
+ * writes dq, dk, dv. */
+typedef struct fa_params {
+    fa_dtype dtype;  /* of q, k, v, o, dout, dq, dk, dv */
+    int32_t batch;
+    int32_t seqlen_q; /* dense: the length; varlen: an upper bound on every sequence's length */
+    int32_t seqlen_k;
+    int32_t heads_q;
+    int32_t heads_kv; /* heads_q must be a multiple of heads_kv */
+    int32_t head_dim;
+
+    /* Varlen: both NULL (dense) or both set, each batch + 1 int32 prefix sums starting at 0. total_q and
+     * total_k are the number of token rows the packed tensors hold (>= cu_seqlens[batch]). */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    int64_t total_q;
+    int64_t total_k;
+
+    float   softmax_scale; /* 0 means 1 / sqrt(head_dim) */
+    int32_t causal;        /* 1: bottom-right causal mask (forces window_right = 0) */
+    int32_t window_left;   /* sliding window, inclusive; -1 = unbounded */
+    int32_t window_right;
+    float   softcap;       /* > 0: S = softcap * tanh(S / softcap) before masks and ALiBi; 0 = off */
+
+    /* ALiBi slopes, fp32: (heads_q) with alibi_batch_stride = 0, or (batch, heads_q) with stride heads_q. */
+    const float *alibi_slopes;
+    int64_t alibi_batch_stride;
+
+    /* Backward: 1 = bit-identical dq/dk/dv run to run (no order-dependent atomics), possibly slower. */
+    int32_t deterministic;
+
+    fa_tensor q, k, v, o;
+    /* Row logsumexp, fp32, contiguous: (batch, heads_q, seqlen_q) dense, (heads_q, total_q) varlen.
+     * The forward may take NULL (not written); the backward needs it. */
+    float *lse;
+
+    fa_tensor dout, dq, dk, dv; /* backward only */
+} fa_params;
+
+/* Where and how a call runs. NULL in place of an fa_exec means all defaults (zero-initialised). */
+typedef struct fa_exec {
+    fa_backend backend;
+    fa_kernel  kernel;
+    int32_t    device;      /* CUDA device ordinal; -1 = the calling thread's current device */
+    int32_t    num_threads; /* CPU threads; 0 = OpenMP's default */
+    void      *stream;      /* cudaStream_t; NULL = the legacy default stream */
+    /* Scratch memory in the backend's memory space, at least fa_workspace_size() bytes. NULL: the library
+     * allocates and frees it within the call (with cudaMallocAsync on the stream for CUDA). */
+    void  *workspace;
+    size_t workspace_bytes;
+} fa_exec;
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Calls
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* Zeroes *p and sets sizes and defaults: scale 0 (1/sqrt(head_dim)), no mask, windows -1, softcap 0,
+ * dense. Tensors are left NULL. Returns FA_ERR_INVALID_ARGUMENT only for p == NULL. */
+FA_API fa_status fa_params_init(fa_params *p, fa_dtype dtype, int32_t batch, int32_t seqlen_q, int32_t seqlen_k,
+                                int32_t heads_q, int32_t heads_kv, int32_t head_dim);
+
+/* A view of contiguous (batch, seqlen, heads, head_dim) memory, or (total, heads, head_dim) for varlen. */
+FA_API fa_tensor fa_tensor_contiguous(void *data, int64_t seqlen, int32_t heads, int32_t head_dim);
+
+/* Checks p against exec's backend without running anything: FA_OK, or the status the call would return
+ * (invalid argument, unsupported, not compiled, no device) with fa_last_error() saying why.
+ * backward = 0 checks the forward, 1 the backward. Pointers are checked for NULL, not dereferenced. */
+FA_API fa_status fa_check(const fa_params *p, const fa_exec *exec, int backward);
+
+/* Bytes of workspace the forward (backward = 0) or backward (1) needs for p on exec's backend. */
+FA_API fa_status fa_workspace_size(const fa_params *p, const fa_exec *exec, int backward, size_t *bytes);
+
+/* Forward: writes o and (if not NULL) lse. Asynchronous on the CUDA stream for the CUDA backends. */
+FA_API fa_status fa_fwd(const fa_params *p, const fa_exec *exec);
+
+/* Backward by recomputation (Algorithm 2 of FlashAttention-2): reads q, k, v, o, lse, dout; writes dq, dk,
+ * dv. lse must be the forward's. Asynchronous on the CUDA stream for the CUDA backends. */
+FA_API fa_status fa_bwd(const fa_params *p, const fa_exec *exec);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Introspection
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* FA_VERSION_NUMBER of the library that is linked; compare with the header's. */
+FA_API int fa_version_number(void);
+
+/* sizeof(fa_params) and sizeof(fa_exec) as compiled into the library (for bindings to check their mirror). */
+FA_API size_t fa_params_sizeof(void);
+FA_API size_t fa_exec_sizeof(void);
+
+/* One line: version, backends built, CUDA version and architectures, OpenMP, SIMD width. Static string. */
+FA_API const char *fa_build_info(void);
+
+/* 1 if the backend was built into this library (AUTO, CPU and REFERENCE always are). */
+FA_API int fa_backend_built(fa_backend backend);
+
+typedef struct fa_device_info {
+    char    name[256];
+    int32_t ordinal;
+    int32_t cc_major, cc_minor; /* compute capability */
+    int32_t sm_count;
+    int64_t memory_bytes;
+} fa_device_info;
+
+/* Number of CUDA devices usable by the library (0 if CUDA is not built or none is present; never fails). */
+FA_API int fa_device_count(void);
+
+/* Fills *info for device `ordinal`. FA_ERR_NO_DEVICE / FA_ERR_NOT_COMPILED when there is none. */
+FA_API fa_status fa_device_get_info(int32_t ordinal, fa_device_info *info);
+
+/* FLOPs of the forward by the FlashAttention-2 paper's formula (section 4.1), the one its benchmarks and
+ * the peers' use: 4 * seqlen_q * seqlen_k * head_dim * heads_q per batch entry, halved when causal; windows
+ * are not discounted. The backward counts 2.5x this. For a varlen batch pass the host copies of
+ * cu_seqlens_q/k (the per-sequence lengths are summed); for a dense batch pass NULL. */
+FA_API double fa_flops_fwd(const fa_params *p, const int32_t *host_cu_seqlens_q, const int32_t *host_cu_seqlens_k);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_H */

@@ -1,0 +1,54 @@
+/*
+ * kernels.h - the host-side contract between the CUDA backend's entry points (backend.cu) and the kernel
+ * families. Each family says whether it can run a problem (setting fa_fail's message when not), how much
+ * workspace it needs, and launches on a stream. Params arrive validated and resolved (see internal.h).
+ */
+#ifndef FLASHATTN_CUDA_KERNELS_H
+#define FLASHATTN_CUDA_KERNELS_H
+
+#include <cuda_runtime.h>
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Compute capability and SM count of the device a call runs on. */
+typedef struct fa_cuda_device {
+    int ordinal;
+    int cc_major, cc_minor;
+    int sm_count;
+    size_t smem_optin; /* max dynamic shared memory per block */
+} fa_cuda_device;
+
+/* FlashAttention-2 forward (mma.sync, sm_80+): fa2_fwd.cu and its instantiations. */
+fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device *dev);
+size_t    fa2_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+
+/* FlashAttention-2 backward (mma.sync, sm_80+): preprocess D = rowsum(dO * O), main kernel over key blocks
+ * with dQ accumulated in fp32, convert dQ (and dK/dV for GQA). fa2_bwd.cu and its instantiations. */
+fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev);
+size_t    fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+
+/* FlashAttention-3 forward (TMA, wgmma, warp specialization; sm_90a only): fa3_fwd.cu. */
+fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device *dev);
+size_t    fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+
+/* Standard attention (S and P in device memory, cuBLAS): naive.cu. */
+fa_status naive_supported(const fa_params *p, const fa_cuda_device *dev, int backward);
+size_t    naive_workspace_size(const fa_params *p, const fa_cuda_device *dev, int backward);
+fa_status naive_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+fa_status naive_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+
+/* Turns a CUDA error into FA_ERR_DEVICE / FA_ERR_OUT_OF_MEMORY with "what: cudaGetErrorString" detail. */
+fa_status fa_cuda_status(cudaError_t err, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_CUDA_KERNELS_H */

@@ -1,0 +1,432 @@
+/*
+ * flashattn.c - the public entry points: argument validation (everything is checked before anything is
+ * written), backend resolution and dispatch, error reporting, introspection.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------------------- */
+
+static _Thread_local char last_error[512];
+
+fa_status fa_fail(fa_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void fa_clear_error(void) {
+    last_error[0] = '\0';
+}
+
+const char *fa_last_error(void) {
+    return last_error;
+}
+
+const char *fa_strerror(fa_status status) {
+    switch (status) {
+    case FA_OK: return "success";
+    case FA_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case FA_ERR_UNSUPPORTED: return "not supported by this backend";
+    case FA_ERR_NOT_COMPILED: return "backend not compiled into this library";
+    case FA_ERR_NO_DEVICE: return "no usable CUDA device";
+    case FA_ERR_WORKSPACE_TOO_SMALL: return "workspace too small";
+    case FA_ERR_OUT_OF_MEMORY: return "out of memory";
+    case FA_ERR_DEVICE: return "CUDA error";
+    case FA_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+const char *fa_status_name(fa_status status) {
+    switch (status) {
+    case FA_OK: return "FA_OK";
+    case FA_ERR_INVALID_ARGUMENT: return "FA_ERR_INVALID_ARGUMENT";
+    case FA_ERR_UNSUPPORTED: return "FA_ERR_UNSUPPORTED";
+    case FA_ERR_NOT_COMPILED: return "FA_ERR_NOT_COMPILED";
+    case FA_ERR_NO_DEVICE: return "FA_ERR_NO_DEVICE";
+    case FA_ERR_WORKSPACE_TOO_SMALL: return "FA_ERR_WORKSPACE_TOO_SMALL";
+    case FA_ERR_OUT_OF_MEMORY: return "FA_ERR_OUT_OF_MEMORY";
+    case FA_ERR_DEVICE: return "FA_ERR_DEVICE";
+    case FA_ERR_INTERNAL: return "FA_ERR_INTERNAL";
+    }
+    return "FA_ERR_UNKNOWN";
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Construction and introspection
+ * ------------------------------------------------------------------------------------------------------- */
+
+fa_status fa_params_init(fa_params *p, fa_dtype dtype, int32_t batch, int32_t seqlen_q, int32_t seqlen_k,
+                         int32_t heads_q, int32_t heads_kv, int32_t head_dim) {
+    fa_clear_error();
+    if (!p) return fa_fail(FA_ERR_INVALID_ARGUMENT, "params is NULL");
+    memset(p, 0, sizeof *p);
+    p->dtype        = dtype;
+    p->batch        = batch;
+    p->seqlen_q     = seqlen_q;
+    p->seqlen_k     = seqlen_k;
+    p->heads_q      = heads_q;
+    p->heads_kv     = heads_kv;
+    p->head_dim     = head_dim;
+    p->window_left  = -1;
+    p->window_right = -1;
+    return FA_OK;
+}
+
+fa_tensor fa_tensor_contiguous(void *data, int64_t seqlen, int32_t heads, int32_t head_dim) {
+    fa_tensor t;
+    t.data         = data;
+    t.stride_head  = head_dim;
+    t.stride_seq   = (int64_t)heads * head_dim;
+    t.stride_batch = seqlen * t.stride_seq;
+    return t;
+}
+
+int fa_version_number(void) {
+    return FA_VERSION_NUMBER;
+}
+
+size_t fa_params_sizeof(void) {
+    return sizeof(fa_params);
+}
+
+size_t fa_exec_sizeof(void) {
+    return sizeof(fa_exec);
+}
+
+#define FA_STR2(x) #x
+#define FA_STR(x) FA_STR2(x)
+
+static const char *simd_name(void) {
+#if defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "avx2+fma";
+#elif defined(__ARM_NEON)
+    return "neon";
+#else
+    return "portable";
+#endif
+}
+
+const char *fa_build_info(void) {
+    static _Thread_local char info[512];
+    snprintf(info, sizeof info, "flashattn %d.%d.%d backends=cpu,reference%s openmp=%s simd=%s%s%s",
+             FA_VERSION_MAJOR, FA_VERSION_MINOR, FA_VERSION_PATCH,
+#ifdef FA_WITH_CUDA
+             ",cuda,naive",
+#else
+             "",
+#endif
+#ifdef FA_WITH_OPENMP
+             "yes",
+#else
+             "no",
+#endif
+             simd_name(),
+#ifdef FA_WITH_CUDA
+             " ", fa_cuda_build_info()
+#else
+             "", ""
+#endif
+    );
+    return info;
+}
+
+int fa_backend_built(fa_backend backend) {
+    switch (backend) {
+    case FA_BACKEND_AUTO:
+    case FA_BACKEND_CPU:
+    case FA_BACKEND_REFERENCE: return 1;
+    case FA_BACKEND_CUDA:
+    case FA_BACKEND_NAIVE:
+#ifdef FA_WITH_CUDA
+        return 1;
+#else
+        return 0;
+#endif
+    }
+    return 0;
+}
+
+int fa_device_count(void) {
+#ifdef FA_WITH_CUDA
+    return fa_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+fa_status fa_device_get_info(int32_t ordinal, fa_device_info *info) {
+    fa_clear_error();
+    if (!info) return fa_fail(FA_ERR_INVALID_ARGUMENT, "info is NULL");
+#ifdef FA_WITH_CUDA
+    return fa_cuda_device_info(ordinal, info);
+#else
+    return fa_fail(FA_ERR_NOT_COMPILED, "this library was built without CUDA");
+#endif
+}
+
+double fa_flops_fwd(const fa_params *p, const int32_t *host_cu_seqlens_q, const int32_t *host_cu_seqlens_k) {
+    if (!p) return 0.0;
+    double pairs = 0.0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        double sq = host_cu_seqlens_q ? host_cu_seqlens_q[b + 1] - host_cu_seqlens_q[b] : p->seqlen_q;
+        double sk = host_cu_seqlens_k ? host_cu_seqlens_k[b + 1] - host_cu_seqlens_k[b] : p->seqlen_k;
+        pairs += sq * sk;
+    }
+    double flops = 4.0 * pairs * p->head_dim * p->heads_q;
+    return p->causal ? flops / 2 : flops;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Validation
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* An input view: data present, strides non-negative (0 broadcasts). */
+static fa_status check_input(const fa_tensor *t, const char *name, int varlen) {
+    if (!t->data) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.data is NULL", name);
+    if (t->stride_seq < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_seq (%lld) is negative", name, (long long)t->stride_seq);
+    if (t->stride_head < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_head (%lld) is negative", name, (long long)t->stride_head);
+    if (!varlen && t->stride_batch < 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_batch (%lld) is negative", name, (long long)t->stride_batch);
+    return FA_OK;
+}
+
+typedef struct out_dim {
+    int64_t     stride, extent;
+    const char *field;
+} out_dim;
+
+/* An output view must not write one element twice: sorted by stride, each dimension must step over the
+ * whole extent of the smaller ones. Extents of 1 impose nothing. */
+static fa_status check_output(const fa_tensor *t, const char *name, int64_t batch, int64_t rows, int64_t heads,
+                              int64_t head_dim, int varlen) {
+    fa_status st = check_input(t, name, varlen);
+    if (st != FA_OK) return st;
+    out_dim dim[3] = {{t->stride_seq, rows, "stride_seq"}, {t->stride_head, heads, "stride_head"},
+                {varlen ? 0 : t->stride_batch, varlen ? 1 : batch, "stride_batch"}};
+    for (int a = 0; a < 3; a++)
+        for (int b = a + 1; b < 3; b++)
+            if (dim[b].stride < dim[a].stride) {
+                out_dim tmp = dim[a];
+                dim[a]      = dim[b];
+                dim[b]      = tmp;
+            }
+    int64_t span = head_dim; /* elements covered by the dimensions below the current one */
+    for (int a = 0; a < 3; a++) {
+        if (dim[a].extent <= 1) continue;
+        if (dim[a].stride < span)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) makes output elements overlap (needs >= %lld)",
+                           name, dim[a].field, (long long)dim[a].stride, (long long)span);
+        span = dim[a].stride * dim[a].extent;
+    }
+    return FA_OK;
+}
+
+/* The cu_seqlens of a varlen batch, when they are host memory and can be read. */
+static fa_status check_cu_seqlens(const int32_t *cu, const char *name, int32_t batch, int32_t max_len,
+                                  int64_t total) {
+    if (cu[0] != 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[0] (%d) is not 0", name, cu[0]);
+    for (int32_t b = 0; b < batch; b++) {
+        int64_t len = (int64_t)cu[b + 1] - cu[b];
+        if (len < 0)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s decreases at index %d (%d -> %d)", name, b + 1, cu[b], cu[b + 1]);
+        if (len > max_len)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s: sequence %d has length %lld > the max length %d", name, b,
+                           (long long)len, max_len);
+    }
+    if (cu[batch] > total)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[batch] (%d) exceeds the total token count (%lld)", name,
+                       cu[batch], (long long)total);
+    return FA_OK;
+}
+
+static int host_backend(fa_backend b) {
+    return b == FA_BACKEND_CPU || b == FA_BACKEND_REFERENCE;
+}
+
+/* Checks everything that does not depend on the backend, and the host-readable arrays of host backends.
+ * Fills *r with the resolved copy that backends receive. */
+static fa_status validate(const fa_params *p, fa_backend backend, int backward, fa_params *r) {
+    if (!p) return fa_fail(FA_ERR_INVALID_ARGUMENT, "params is NULL");
+    if (p->dtype != FA_F32 && p->dtype != FA_F16 && p->dtype != FA_BF16)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "dtype (%d) is not FA_F32, FA_F16 or FA_BF16", (int)p->dtype);
+    const int varlen = p->cu_seqlens_q != NULL;
+    if ((p->cu_seqlens_q == NULL) != (p->cu_seqlens_k == NULL))
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q and cu_seqlens_k must both be set or both be NULL");
+    if (p->batch < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch (%d) must be >= 1", p->batch);
+    const int32_t min_len = varlen ? 0 : 1;
+    if (p->seqlen_q < min_len) return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_q (%d) must be >= %d", p->seqlen_q, min_len);
+    if (p->seqlen_k < min_len) return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_k (%d) must be >= %d", p->seqlen_k, min_len);
+    if (p->heads_q < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "heads_q (%d) must be >= 1", p->heads_q);
+    if (p->heads_kv < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "heads_kv (%d) must be >= 1", p->heads_kv);
+    if (p->heads_q % p->heads_kv)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "heads_q (%d) is not a multiple of heads_kv (%d)", p->heads_q, p->heads_kv);
+    if (p->head_dim < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "head_dim (%d) must be >= 1", p->head_dim);
+    if (p->head_dim % 8 || p->head_dim > 256)
+        return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) is not a multiple of 8 in [8, 256]", p->head_dim);
+    if (varlen) {
+        if (p->total_q < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "total_q (%lld) is negative", (long long)p->total_q);
+        if (p->total_k < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "total_k (%lld) is negative", (long long)p->total_k);
+        if (p->total_q > INT32_MAX || p->total_k > INT32_MAX)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "total_q/total_k (%lld/%lld) exceed the int32 range of cu_seqlens",
+                           (long long)p->total_q, (long long)p->total_k);
+    }
+    if (!isfinite(p->softmax_scale))
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "softmax_scale (%g) is not finite", (double)p->softmax_scale);
+    if (p->causal != 0 && p->causal != 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "causal (%d) is not 0 or 1", p->causal);
+    if (p->window_left < -1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "window_left (%d) must be >= -1", p->window_left);
+    if (p->window_right < -1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "window_right (%d) must be >= -1", p->window_right);
+    if (!isfinite(p->softcap) || p->softcap < 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "softcap (%g) must be finite and >= 0", (double)p->softcap);
+    if (p->alibi_batch_stride < 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_batch_stride (%lld) is negative", (long long)p->alibi_batch_stride);
+    if (p->alibi_batch_stride > 0 && p->alibi_batch_stride < p->heads_q)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_batch_stride (%lld) is less than heads_q (%d)",
+                       (long long)p->alibi_batch_stride, p->heads_q);
+    if (p->deterministic != 0 && p->deterministic != 1)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "deterministic (%d) is not 0 or 1", p->deterministic);
+
+    const int64_t rows_q = varlen ? p->total_q : p->seqlen_q, rows_k = varlen ? p->total_k : p->seqlen_k;
+    fa_status     st;
+    if ((st = check_input(&p->q, "q", varlen)) || (st = check_input(&p->k, "k", varlen)) ||
+        (st = check_input(&p->v, "v", varlen)))
+        return st;
+    if (!backward) {
+        if ((st = check_output(&p->o, "o", p->batch, rows_q, p->heads_q, p->head_dim, varlen))) return st;
+    } else {
+        if ((st = check_input(&p->o, "o", varlen)) || (st = check_input(&p->dout, "dout", varlen))) return st;
+        if (!p->lse) return fa_fail(FA_ERR_INVALID_ARGUMENT, "lse is NULL (the backward needs the forward's lse)");
+        if ((st = check_output(&p->dq, "dq", p->batch, rows_q, p->heads_q, p->head_dim, varlen)) ||
+            (st = check_output(&p->dk, "dk", p->batch, rows_k, p->heads_kv, p->head_dim, varlen)) ||
+            (st = check_output(&p->dv, "dv", p->batch, rows_k, p->heads_kv, p->head_dim, varlen)))
+            return st;
+    }
+    if (varlen && host_backend(backend)) {
+        if ((st = check_cu_seqlens(p->cu_seqlens_q, "cu_seqlens_q", p->batch, p->seqlen_q, p->total_q)) ||
+            (st = check_cu_seqlens(p->cu_seqlens_k, "cu_seqlens_k", p->batch, p->seqlen_k, p->total_k)))
+            return st;
+    }
+
+    *r = *p;
+    if (r->softmax_scale == 0.0f) r->softmax_scale = 1.0f / sqrtf((float)p->head_dim);
+    if (r->causal) r->window_right = 0;
+    return FA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Dispatch
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* Resolves AUTO and checks that the chosen backend exists. */
+static fa_status resolve_exec(const fa_params *p, const fa_exec *exec, fa_exec *x) {
+    if (exec) {
+        *x = *exec;
+    } else {
+        memset(x, 0, sizeof *x);
+        x->device = -1;
+    }
+    if (x->num_threads < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.num_threads (%d) is negative", x->num_threads);
+    if (x->workspace && x->workspace_bytes == 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.workspace is set but exec.workspace_bytes is 0");
+    if (x->kernel != FA_KERNEL_AUTO && x->kernel != FA_KERNEL_FA2 && x->kernel != FA_KERNEL_FA3)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.kernel (%d) is not AUTO, FA2 or FA3", (int)x->kernel);
+    switch (x->backend) {
+    case FA_BACKEND_AUTO:
+#ifdef FA_WITH_CUDA
+        x->backend = p && p->q.data && fa_cuda_device_count() > 0 && fa_cuda_is_device_pointer(p->q.data)
+                         ? FA_BACKEND_CUDA
+                         : FA_BACKEND_CPU;
+#else
+        x->backend = FA_BACKEND_CPU;
+#endif
+        return FA_OK;
+    case FA_BACKEND_CPU:
+    case FA_BACKEND_REFERENCE: return FA_OK;
+    case FA_BACKEND_CUDA:
+    case FA_BACKEND_NAIVE:
+#ifdef FA_WITH_CUDA
+        if (fa_cuda_device_count() <= 0) return fa_fail(FA_ERR_NO_DEVICE, "no CUDA device is present");
+        return FA_OK;
+#else
+        return fa_fail(FA_ERR_NOT_COMPILED, "the %s backend was not built into this library (built without nvcc)",
+                       x->backend == FA_BACKEND_CUDA ? "cuda" : "naive");
+#endif
+    }
+    return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.backend (%d) is not a known backend", (int)x->backend);
+}
+
+/* Validation shared by every call; on success *r and *x are what the backend runs with. */
+static fa_status prepare(const fa_params *p, const fa_exec *exec, int backward, fa_params *r, fa_exec *x) {
+    fa_clear_error();
+    fa_status st = resolve_exec(p, exec, x);
+    if (st != FA_OK) return st;
+    if ((st = validate(p, x->backend, backward, r)) != FA_OK) return st;
+#ifdef FA_WITH_CUDA
+    if (x->backend == FA_BACKEND_CUDA) return fa_cuda_check(r, x, backward);
+    if (x->backend == FA_BACKEND_NAIVE) return fa_naive_check(r, x, backward);
+#endif
+    return FA_OK;
+}
+
+fa_status fa_check(const fa_params *p, const fa_exec *exec, int backward) {
+    fa_params r;
+    fa_exec   x;
+    return prepare(p, exec, backward, &r, &x);
+}
+
+fa_status fa_workspace_size(const fa_params *p, const fa_exec *exec, int backward, size_t *bytes) {
+    fa_params r;
+    fa_exec   x;
+    if (!bytes) return fa_fail(FA_ERR_INVALID_ARGUMENT, "bytes is NULL");
+    fa_status st = prepare(p, exec, backward, &r, &x);
+    if (st != FA_OK) return st;
+    switch (x.backend) {
+    case FA_BACKEND_CPU: *bytes = fa_cpu_workspace_size(&r, x.num_threads, backward); return FA_OK;
+#ifdef FA_WITH_CUDA
+    case FA_BACKEND_CUDA: return fa_cuda_workspace_size(&r, &x, backward, bytes);
+    case FA_BACKEND_NAIVE: return fa_naive_workspace_size(&r, &x, backward, bytes);
+#endif
+    default: *bytes = 0; return FA_OK; /* the reference allocates its own fp64 copies */
+    }
+}
+
+static fa_status run(const fa_params *p, const fa_exec *exec, int backward) {
+    fa_params r;
+    fa_exec   x;
+    fa_status st = prepare(p, exec, backward, &r, &x);
+    if (st != FA_OK) return st;
+    if (x.workspace) {
+        size_t need = 0;
+        if ((st = fa_workspace_size(p, exec, backward, &need)) != FA_OK) return st;
+        if (x.workspace_bytes < need)
+            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x.workspace_bytes, need);
+    }
+    switch (x.backend) {
+    case FA_BACKEND_CPU: return backward ? fa_cpu_bwd(&r, &x) : fa_cpu_fwd(&r, &x);
+    case FA_BACKEND_REFERENCE: return backward ? fa_reference_bwd(&r) : fa_reference_fwd(&r);
+#ifdef FA_WITH_CUDA
+    case FA_BACKEND_CUDA: return backward ? fa_cuda_bwd(&r, &x) : fa_cuda_fwd(&r, &x);
+    case FA_BACKEND_NAIVE: return backward ? fa_naive_bwd(&r, &x) : fa_naive_fwd(&r, &x);
+#endif
+    default: return fa_fail(FA_ERR_INTERNAL, "unresolved backend %d", (int)x.backend);
+    }
+}
+
+fa_status fa_fwd(const fa_params *p, const fa_exec *exec) {
+    return run(p, exec, 0);
+}
+
+fa_status fa_bwd(const fa_params *p, const fa_exec *exec) {
+    return run(p, exec, 1);
+}

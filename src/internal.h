@@ -1,0 +1,212 @@
+/*
+ * internal.h - what the backends share: error reporting, the mask rule, sequence geometry, host dtype
+ * conversion, and the internal entry point of each backend. Not installed.
+ *
+ * Every backend entry point receives params that fa_check has validated and resolved:
+ * softmax_scale != 0, and window_right == 0 when causal.
+ */
+#ifndef FLASHATTN_INTERNAL_H
+#define FLASHATTN_INTERNAL_H
+
+#include "flashattn.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records a printf-style detail for fa_last_error() and returns status. */
+fa_status fa_fail(fa_status status, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Clears the detail message (a call that succeeds leaves it empty). */
+void fa_clear_error(void);
+
+static inline int fa_is_varlen(const fa_params *p) {
+    return p->cu_seqlens_q != NULL;
+}
+
+/* Bottom-right aligned mask rule (see flashattn.h); window_right is already 0 for causal. */
+static inline int fa_key_visible(int64_t i, int64_t j, int64_t len_q, int64_t len_k, int32_t window_left,
+                                 int32_t window_right) {
+    int64_t diag = i + len_k - len_q;
+    return (window_left < 0 || j >= diag - window_left) && (window_right < 0 || j <= diag + window_right);
+}
+
+/* ALiBi distance term |i + len_k - len_q - j|. */
+static inline int64_t fa_alibi_distance(int64_t i, int64_t j, int64_t len_q, int64_t len_k) {
+    int64_t d = i + len_k - len_q - j;
+    return d < 0 ? -d : d;
+}
+
+/* The visible key range [*lo, *hi) of query row i (empty when *lo >= *hi). */
+static inline void fa_key_range(int64_t i, int64_t len_q, int64_t len_k, int32_t window_left,
+                                int32_t window_right, int64_t *lo, int64_t *hi) {
+    int64_t diag = i + len_k - len_q;
+    int64_t a = window_left < 0 ? 0 : diag - window_left;
+    int64_t b = window_right < 0 ? len_k : diag + window_right + 1;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > len_k ? len_k : b;
+}
+
+/* One sequence of a (possibly varlen) batch, on the host. `row0` is the offset (in elements) of its first
+ * token's row for a tensor, so element (row r, head h, dim c) is at row0 + r * stride_seq + h * stride_head + c.
+ */
+typedef struct fa_seq {
+    int64_t len_q, len_k;
+    int64_t tok_q, tok_k; /* index of the first token in the packed layout (varlen); 0 for dense */
+} fa_seq;
+
+static inline fa_seq fa_seq_get(const fa_params *p, int64_t b) {
+    fa_seq s;
+    if (fa_is_varlen(p)) {
+        s.tok_q = p->cu_seqlens_q[b];
+        s.tok_k = p->cu_seqlens_k[b];
+        s.len_q = p->cu_seqlens_q[b + 1] - s.tok_q;
+        s.len_k = p->cu_seqlens_k[b + 1] - s.tok_k;
+    } else {
+        s.tok_q = s.tok_k = 0;
+        s.len_q = p->seqlen_q;
+        s.len_k = p->seqlen_k;
+    }
+    return s;
+}
+
+/* Element offset of (sequence b whose first token is tok, row r, head h) in tensor t. */
+static inline int64_t fa_offset(const fa_params *p, const fa_tensor *t, int64_t b, int64_t tok, int64_t r,
+                                int64_t h) {
+    int64_t base = fa_is_varlen(p) ? tok * t->stride_seq : b * t->stride_batch;
+    return base + r * t->stride_seq + h * t->stride_head;
+}
+
+/* Index into lse of (b, h, row r): (batch, heads_q, seqlen_q) dense, (heads_q, total_q) varlen. */
+static inline int64_t fa_lse_index(const fa_params *p, int64_t b, int64_t tok_q, int64_t r, int64_t h) {
+    if (fa_is_varlen(p)) return h * p->total_q + tok_q + r;
+    return (b * p->heads_q + h) * p->seqlen_q + r;
+}
+
+static inline float fa_alibi_slope(const fa_params *p, int64_t b, int64_t h) {
+    return p->alibi_slopes ? p->alibi_slopes[b * p->alibi_batch_stride + h] : 0.0f;
+}
+
+static inline size_t fa_dtype_size(fa_dtype t) {
+    return t == FA_F32 ? 4 : 2;
+}
+
+/* ---- host conversions between fp32 and the 16-bit formats (round to nearest even) ---- */
+
+static inline float fa_bits_to_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint32_t fa_f32_to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float fa_bf16_to_f32(uint16_t h) {
+    return fa_bits_to_f32((uint32_t)h << 16);
+}
+static inline uint16_t fa_f32_to_bf16(float f) {
+    uint32_t u = fa_f32_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float fa_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp  = (h >> 10) & 0x1fu;
+    uint32_t man  = h & 0x3ffu;
+    if (exp == 0x1f) return fa_bits_to_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        if (man == 0) return fa_bits_to_f32(sign);
+        float f = (float)man * (1.0f / 16777216.0f); /* subnormal: man * 2^-24 */
+        return sign ? -f : f;
+    }
+    return fa_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+static inline uint16_t fa_f32_to_f16(float f) {
+    uint32_t u    = fa_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a    = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: infinity */
+    if (a < 0x38800000u) {                                  /* below the smallest normal half: subnormal */
+        float r = fa_bits_to_f32(a) * 16777216.0f;          /* exact scaling to units of 2^-24 */
+        return (uint16_t)(sign | (uint16_t)nearbyintf(r));
+    }
+    uint32_t e = (a >> 23) - 112u, m = a & 0x7fffffu;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t rem = m & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+/* Element idx of a tensor of the given dtype, as fp32 / stored from fp32. */
+static inline float fa_load(const void *base, fa_dtype t, int64_t idx) {
+    switch (t) {
+    case FA_F16: return fa_f16_to_f32(((const uint16_t *)base)[idx]);
+    case FA_BF16: return fa_bf16_to_f32(((const uint16_t *)base)[idx]);
+    default: return ((const float *)base)[idx];
+    }
+}
+static inline void fa_store(void *base, fa_dtype t, int64_t idx, float x) {
+    switch (t) {
+    case FA_F16: ((uint16_t *)base)[idx] = fa_f32_to_f16(x); break;
+    case FA_BF16: ((uint16_t *)base)[idx] = fa_f32_to_bf16(x); break;
+    default: ((float *)base)[idx] = x; break;
+    }
+}
+
+/* ---- backends (each called with validated, resolved params and a non-NULL exec) ---- */
+
+/* fp64 oracle, host memory. Allocates its own scratch; FA_ERR_OUT_OF_MEMORY if that fails. */
+fa_status fa_reference_fwd(const fa_params *p);
+fa_status fa_reference_bwd(const fa_params *p);
+
+/* The reference's fp64 core on contiguous packed arrays, for tests (finite differences) and the CLI.
+ * Layouts: q/o/dout/dq (tokens_q, heads_q, head_dim), k/v/dk/dv (tokens_k, heads_kv, head_dim), where
+ * tokens = batch * seqlen (dense) or total (varlen), and lse as in fa_params. Only the sizes and options of
+ * p are read. dq/dk/dv are overwritten. */
+void fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
+                          double *lse);
+void fa_reference_bwd_f64(const fa_params *p, const double *q, const double *k, const double *v,
+                          const double *dout, double *dq, double *dk, double *dv);
+
+/* FlashAttention-2 on the CPU. ws may be NULL (the backend allocates). */
+size_t    fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward);
+fa_status fa_cpu_fwd(const fa_params *p, const fa_exec *x);
+fa_status fa_cpu_bwd(const fa_params *p, const fa_exec *x);
+
+#ifdef FA_WITH_CUDA
+/* CUDA (FA2 / FA3 kernels) and the naive cuBLAS baseline; all in src/cuda. */
+int         fa_cuda_device_count(void);
+fa_status   fa_cuda_device_info(int32_t ordinal, fa_device_info *info);
+int         fa_cuda_is_device_pointer(const void *ptr);
+const char *fa_cuda_build_info(void);
+
+fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int backward);
+fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes);
+fa_status fa_cuda_fwd(const fa_params *p, const fa_exec *x);
+fa_status fa_cuda_bwd(const fa_params *p, const fa_exec *x);
+
+fa_status fa_naive_check(const fa_params *p, const fa_exec *x, int backward);
+fa_status fa_naive_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes);
+fa_status fa_naive_fwd(const fa_params *p, const fa_exec *x);
+fa_status fa_naive_bwd(const fa_params *p, const fa_exec *x);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHATTN_INTERNAL_H */

@@ -1,0 +1,244 @@
+/*
+ * reference.c - the fp64 oracle: forward and backward of exactly the function flashattn.h defines,
+ * computed row by row in double precision. Small and obviously right is the point; speed is not.
+ *
+ * Per query row i of (batch b, query head h): scores s_j for every key, softmax in fp64, O and LSE.
+ * The backward uses the exact row quantities (P, dP, D_i = sum_j P_ij dP_ij) and chains through the
+ * softcap (d/dx c*tanh(x/c) = 1 - tanh^2) and the scale. dK and dV of a kv head accumulate over every query
+ * head of its group.
+ */
+#include <stdlib.h>
+
+#include "internal.h"
+
+/* Row r of head h of a packed (tokens, heads, head_dim) fp64 array. */
+/* Sequence b with token indices into the packed fp64 layout: tokens b * seqlen + r when dense. */
+static fa_seq packed_seq(const fa_params *p, int64_t b) {
+    fa_seq s = fa_seq_get(p, b);
+    if (!fa_is_varlen(p)) {
+        s.tok_q = b * p->seqlen_q;
+        s.tok_k = b * p->seqlen_k;
+    }
+    return s;
+}
+
+static inline const double *row_of(const double *base, int64_t token, int64_t heads, int64_t h, int64_t d) {
+    return base + (token * heads + h) * d;
+}
+
+static double dot(const double *a, const double *b, int64_t n) {
+    double s = 0.0;
+    for (int64_t c = 0; c < n; c++) s += a[c] * b[c];
+    return s;
+}
+
+/* Scores of one query row after scale, softcap, mask and ALiBi; masked entries are -inf. Writes the
+ * pre-mask softcapped tanh value into `capped` (for the backward) when not NULL. Returns the row max. */
+static double score_row(const fa_params *p, const fa_seq *s, int64_t b, int64_t h, int64_t i, const double *q,
+                        const double *k, double *score, double *capped) {
+    const int64_t d = p->head_dim, hkv = h / (p->heads_q / p->heads_kv);
+    const double scale = p->softmax_scale, cap = p->softcap, slope = fa_alibi_slope(p, b, h);
+    const double *qi = row_of(q, s->tok_q + i, p->heads_q, h, d);
+    double max = -INFINITY;
+    for (int64_t j = 0; j < s->len_k; j++) {
+        double x = scale * dot(qi, row_of(k, s->tok_k + j, p->heads_kv, hkv, d), d);
+        if (cap > 0) {
+            double t = tanh(x / cap);
+            if (capped) capped[j] = t;
+            x = cap * t;
+        }
+        if (!fa_key_visible(i, j, s->len_q, s->len_k, p->window_left, p->window_right)) {
+            score[j] = -INFINITY;
+            continue;
+        }
+        x -= slope * (double)fa_alibi_distance(i, j, s->len_q, s->len_k);
+        score[j] = x;
+        if (x > max) max = x;
+    }
+    return max;
+}
+
+/* Turns scores into probabilities in place; returns the logsumexp (-inf for a row that sees no key). */
+static double softmax_row(double *score, int64_t n, double max) {
+    if (max == -INFINITY) {
+        for (int64_t j = 0; j < n; j++) score[j] = 0.0;
+        return -INFINITY;
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        score[j] = exp(score[j] - max);
+        sum += score[j];
+    }
+    for (int64_t j = 0; j < n; j++) score[j] /= sum;
+    return max + log(sum);
+}
+
+static int64_t tokens(const fa_params *p, int query) {
+    if (fa_is_varlen(p)) return query ? p->total_q : p->total_k;
+    return (int64_t)p->batch * (query ? p->seqlen_q : p->seqlen_k);
+}
+
+static int64_t max_len_k(const fa_params *p) {
+    if (!fa_is_varlen(p)) return p->seqlen_k;
+    int64_t m = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        fa_seq s = fa_seq_get(p, b);
+        if (s.len_k > m) m = s.len_k;
+    }
+    return m;
+}
+
+void fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
+                          double *lse) {
+    const int64_t d = p->head_dim, lk = max_len_k(p) > 0 ? max_len_k(p) : 1;
+    double *score = malloc((size_t)lk * sizeof(double));
+    if (!score) return;
+    for (int64_t b = 0; b < p->batch; b++) {
+        fa_seq s = packed_seq(p, b);
+        for (int64_t h = 0; h < p->heads_q; h++) {
+            const int64_t hkv = h / (p->heads_q / p->heads_kv);
+            for (int64_t i = 0; i < s.len_q; i++) {
+                double  max = score_row(p, &s, b, h, i, q, k, score, NULL);
+                double  l   = softmax_row(score, s.len_k, max);
+                double *oi  = (double *)row_of(o, s.tok_q + i, p->heads_q, h, d);
+                for (int64_t c = 0; c < d; c++) oi[c] = 0.0;
+                for (int64_t j = 0; j < s.len_k; j++) {
+                    if (score[j] == 0.0) continue;
+                    const double *vj = row_of(v, s.tok_k + j, p->heads_kv, hkv, d);
+                    for (int64_t c = 0; c < d; c++) oi[c] += score[j] * vj[c];
+                }
+                if (lse) lse[fa_lse_index(p, b, s.tok_q, i, h)] = l;
+            }
+        }
+    }
+    free(score);
+}
+
+void fa_reference_bwd_f64(const fa_params *p, const double *q, const double *k, const double *v,
+                          const double *dout, double *dq, double *dk, double *dv) {
+    const int64_t d = p->head_dim, lk = max_len_k(p) > 0 ? max_len_k(p) : 1;
+    const int64_t nq = tokens(p, 1) * p->heads_q * d, nk = tokens(p, 0) * p->heads_kv * d;
+    for (int64_t x = 0; x < nq; x++) dq[x] = 0.0;
+    for (int64_t x = 0; x < nk; x++) dk[x] = dv[x] = 0.0;
+    double *prob = malloc((size_t)lk * sizeof(double)), *capped = malloc((size_t)lk * sizeof(double));
+    if (!prob || !capped) {
+        free(prob);
+        free(capped);
+        return;
+    }
+    for (int64_t b = 0; b < p->batch; b++) {
+        fa_seq s = packed_seq(p, b);
+        for (int64_t h = 0; h < p->heads_q; h++) {
+            const int64_t hkv = h / (p->heads_q / p->heads_kv);
+            for (int64_t i = 0; i < s.len_q; i++) {
+                double max = score_row(p, &s, b, h, i, q, k, prob, capped);
+                softmax_row(prob, s.len_k, max);
+                if (max == -INFINITY) continue; /* sees no key: zero gradients */
+                const double *qi  = row_of(q, s.tok_q + i, p->heads_q, h, d);
+                const double *doi = row_of(dout, s.tok_q + i, p->heads_q, h, d);
+                double       *dqi = dq + (qi - q);
+                /* D_i = sum_j P_ij dP_ij with dP_ij = dO_i . V_j  (equals rowsum(dO_i * O_i)) */
+                double D = 0.0;
+                for (int64_t j = 0; j < s.len_k; j++)
+                    if (prob[j] != 0.0) D += prob[j] * dot(doi, row_of(v, s.tok_k + j, p->heads_kv, hkv, d), d);
+                for (int64_t j = 0; j < s.len_k; j++) {
+                    if (prob[j] == 0.0) continue;
+                    const int64_t off = (s.tok_k + j) * p->heads_kv * d + hkv * d;
+                    double        dp  = dot(doi, v + off, d);
+                    double        ds  = prob[j] * (dp - D);
+                    if (p->softcap > 0) ds *= 1.0 - capped[j] * capped[j];
+                    ds *= p->softmax_scale;
+                    for (int64_t c = 0; c < d; c++) {
+                        dv[off + c] += prob[j] * doi[c];
+                        dqi[c] += ds * k[off + c];
+                        dk[off + c] += ds * qi[c];
+                    }
+                }
+            }
+        }
+    }
+    free(prob);
+    free(capped);
+}
+
+/* ---- the FA_BACKEND_REFERENCE backend: strided low-precision tensors <-> packed fp64 ---- */
+
+static double *gather(const fa_params *p, const fa_tensor *t, int query) {
+    const int64_t heads = query ? p->heads_q : p->heads_kv, d = p->head_dim;
+    double       *out   = malloc((size_t)(tokens(p, query) * heads * d + 1) * sizeof(double));
+    if (!out) return NULL;
+    for (int64_t b = 0; b < p->batch; b++) {
+        fa_seq        s = fa_seq_get(p, b), ps = packed_seq(p, b);
+        const int64_t len = query ? s.len_q : s.len_k, tok = query ? s.tok_q : s.tok_k;
+        const int64_t tok0 = query ? ps.tok_q : ps.tok_k;
+        for (int64_t r = 0; r < len; r++)
+            for (int64_t h = 0; h < heads; h++) {
+                int64_t src = fa_offset(p, t, b, tok, r, h);
+                double *dst = out + ((tok0 + r) * heads + h) * d;
+                for (int64_t c = 0; c < d; c++) dst[c] = fa_load(t->data, p->dtype, src + c);
+            }
+    }
+    return out;
+}
+
+static void scatter(const fa_params *p, const fa_tensor *t, int query, const double *src) {
+    const int64_t heads = query ? p->heads_q : p->heads_kv, d = p->head_dim;
+    for (int64_t b = 0; b < p->batch; b++) {
+        fa_seq        s = fa_seq_get(p, b), ps = packed_seq(p, b);
+        const int64_t len = query ? s.len_q : s.len_k, tok = query ? s.tok_q : s.tok_k;
+        const int64_t tok0 = query ? ps.tok_q : ps.tok_k;
+        for (int64_t r = 0; r < len; r++)
+            for (int64_t h = 0; h < heads; h++) {
+                int64_t       dst = fa_offset(p, t, b, tok, r, h);
+                const double *row = src + ((tok0 + r) * heads + h) * d;
+                for (int64_t c = 0; c < d; c++) fa_store(t->data, p->dtype, dst + c, (float)row[c]);
+            }
+    }
+}
+
+static size_t nbytes(int64_t tok, int64_t heads, int64_t d) {
+    return (size_t)(tok * heads * d + 1) * sizeof(double);
+}
+
+fa_status fa_reference_fwd(const fa_params *p) {
+    fa_status st  = FA_OK;
+    double   *q   = gather(p, &p->q, 1), *k = gather(p, &p->k, 0), *v = gather(p, &p->v, 0);
+    double   *o   = malloc(nbytes(tokens(p, 1), p->heads_q, p->head_dim));
+    double   *lse = malloc(nbytes(tokens(p, 1), p->heads_q, 1));
+    if (!q || !k || !v || !o || !lse) {
+        st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
+    } else {
+        fa_reference_fwd_f64(p, q, k, v, o, lse);
+        scatter(p, &p->o, 1, o);
+        if (p->lse)
+            for (int64_t b = 0; b < p->batch; b++) {
+                fa_seq s = fa_seq_get(p, b);
+                for (int64_t h = 0; h < p->heads_q; h++)
+                    for (int64_t i = 0; i < s.len_q; i++) {
+                        int64_t x = fa_lse_index(p, b, s.tok_q, i, h);
+                        p->lse[x] = (float)lse[x];
+                    }
+            }
+    }
+    free(q), free(k), free(v), free(o), free(lse);
+    return st;
+}
+
+fa_status fa_reference_bwd(const fa_params *p) {
+    fa_status st = FA_OK;
+    double   *q = gather(p, &p->q, 1), *k = gather(p, &p->k, 0), *v = gather(p, &p->v, 0);
+    double   *dout = gather(p, &p->dout, 1);
+    double   *dq   = malloc(nbytes(tokens(p, 1), p->heads_q, p->head_dim));
+    double   *dk   = malloc(nbytes(tokens(p, 0), p->heads_kv, p->head_dim));
+    double   *dv   = malloc(nbytes(tokens(p, 0), p->heads_kv, p->head_dim));
+    if (!q || !k || !v || !dout || !dq || !dk || !dv) {
+        st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
+    } else {
+        fa_reference_bwd_f64(p, q, k, v, dout, dq, dk, dv);
+        scatter(p, &p->dq, 1, dq);
+        scatter(p, &p->dk, 0, dk);
+        scatter(p, &p->dv, 0, dv);
+    }
+    free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv);
+    return st;
+}
