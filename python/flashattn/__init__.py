@@ -1,0 +1,63 @@
+"""flashattn: exact attention (FlashAttention-2/3) from libflashattn, through ctypes.
+
+    import flashattn
+    out = flashattn.flash_attn_func(q, k, v, causal=True)    # PyTorch, flash-attn 2.x compatible
+    out = flashattn.attention(q, k, v, causal=True)          # numpy arrays, CPU backend
+
+The PyTorch functions (flash_attn_func, flash_attn_varlen_func, ...) import torch on first use and the numpy
+ones (attention, attention_backward) import numpy on first use, so neither is needed to import the package.
+The library is found through $FLASHATTN_LIBRARY, next to this package, or in the repository's build/ tree;
+`library_path` says which one was loaded.
+"""
+
+from ._lib import (
+    VERSION_NUMBER,
+    FlashAttnError,
+    backend_built,
+    build_info,
+    device_count,
+    device_info,
+    library_path,
+    version,
+)
+
+__version__ = "0.1.0"
+
+_TORCH_NAMES = (
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+)
+_NUMPY_NAMES = ("attention", "attention_backward")
+
+__all__ = [
+    "FlashAttnError",
+    "VERSION_NUMBER",
+    "backend_built",
+    "build_info",
+    "device_count",
+    "device_info",
+    "library_path",
+    "version",
+    *_TORCH_NAMES,
+    *_NUMPY_NAMES,
+]
+
+
+def __getattr__(name):
+    if name in _TORCH_NAMES:
+        from . import _torch as module
+    elif name in _NUMPY_NAMES:
+        from . import _numpy as module
+    else:
+        raise AttributeError(f"module 'flashattn' has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value  # later lookups (and torch.compile's tracing) see a plain module attribute
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,437 @@
+"""PyTorch entry points with flash-attn 2.x's names, arguments and (batch, seqlen, heads, head_dim) layout.
+
+The library calls are torch.library custom ops (namespace "flashattn": fwd, bwd, varlen_fwd, varlen_bwd)
+with fake implementations, so torch.compile(fullgraph=True) traces through them; the forward ops carry an
+autograd formula (register_autograd) that runs the backward ops. CUDA tensors run on the CUDA backend on the
+current stream, CPU tensors on the CPU backend. Workspace comes from PyTorch's allocator.
+"""
+
+import ctypes
+from typing import Optional, Tuple
+
+import torch
+
+from . import _common, _lib
+
+if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
+    raise ImportError(f"flashattn needs PyTorch >= 2.4 (torch.library.custom_op); found {torch.__version__}")
+
+_DTYPES = {torch.float32: _lib.FA_F32, torch.float16: _lib.FA_F16, torch.bfloat16: _lib.FA_BF16}
+
+Tensor = torch.Tensor
+
+
+# ---- checks (run in the real and the fake implementations, so torch.compile reports them at trace time) ----
+
+def _check_tensor(name, t, like=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if like is None:
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name} must be a CPU or CUDA tensor, got device {t.device}")
+    else:
+        if t.dtype != like.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has dtype {like.dtype}; they must match")
+        if t.device != like.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {like.device}; they must be on one device")
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension (head_dim); got strides {t.stride()}")
+
+
+def _check_alibi(alibi_slopes, q, batch, heads_q):
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
+    _common.check_alibi_shape(alibi_slopes.shape, batch, heads_q)
+
+
+def _check_dense(q, k, v, alibi_slopes):
+    _check_tensor("q", q)
+    _check_tensor("k", k, q)
+    _check_tensor("v", v, q)
+    sizes = _common.dense_sizes(q.shape, k.shape, v.shape)
+    _check_alibi(alibi_slopes, q, sizes[0], sizes[3])
+    return sizes
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes):
+    _check_tensor("q", q)
+    _check_tensor("k", k, q)
+    _check_tensor("v", v, q)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {cu.dtype}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+    batch, total_q, total_k, heads_q, heads_kv, head_dim = _common.varlen_sizes(
+        q.shape, k.shape, v.shape, cu_seqlens_q.shape, cu_seqlens_k.shape)
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if n < 0 or n > _common.INT32_MAX:
+            raise ValueError(f"{name} must be in [0, 2^31), got {n}")
+    _check_alibi(alibi_slopes, q, batch, heads_q)
+    return batch, total_q, total_k, heads_q, heads_kv, head_dim, max_seqlen_q, max_seqlen_k
+
+
+def _check_cu_seqlens_host(name, cu, total):
+    """Host-side sanity of cu_seqlens on CPU tensors (cheap); on CUDA it would cost a synchronisation."""
+    if cu.device.type != "cpu":
+        return
+    c = cu.to(torch.int64)
+    if c[0].item() != 0:
+        raise ValueError(f"{name} must start at 0, got {c[0].item()}")
+    if c.numel() > 1 and bool((c[1:] < c[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing, got {cu.tolist()}")
+    if c[-1].item() > total:
+        raise ValueError(f"{name}[-1] ({c[-1].item()}) exceeds the {total} token rows of its tensor")
+
+
+def _check_backward_inputs(dout, q, out, lse, lse_shape):
+    _check_tensor("dout", dout, q)
+    _check_tensor("out", out, q)
+    for name, t in (("dout", dout), ("out", out)):
+        if t.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
+    if lse.dtype != torch.float32 or lse.device != q.device or tuple(lse.shape) != tuple(lse_shape):
+        raise ValueError(f"lse must be float32 {tuple(lse_shape)} on {q.device}, got {lse.dtype} "
+                         f"{tuple(lse.shape)} on {lse.device}")
+
+
+# ---- calling the library ----
+
+def _exec_for(t):
+    exe = _lib.Exec()
+    if t.device.type == "cuda":
+        exe.backend = _lib.FA_BACKEND_CUDA
+        exe.device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        exe.stream = torch.cuda.current_stream(t.device).cuda_stream
+    else:
+        exe.backend = _lib.FA_BACKEND_CPU
+        exe.device = -1
+        exe.num_threads = torch.get_num_threads()
+    return exe
+
+
+def _gpu_friendly(t):
+    """GPU kernels load 16-byte vectors: a CUDA input whose data pointer is not 16-byte aligned or whose strides
+    are not multiples of 16 bytes is copied (rare: odd views); everything else is passed through as is."""
+    if t.device.type != "cuda":
+        return t
+    unit = 16 // t.element_size()
+    if t.data_ptr() % 16 == 0 and all(st % unit == 0 or n == 1 for st, n in zip(t.stride()[:-1], t.shape[:-1])):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _set(p, field, t, varlen):
+    _common.set_tensor(getattr(p, field), t.data_ptr(), t.stride(), varlen)
+
+
+def _run(function, p, like, backward):
+    exe = _exec_for(like)
+    n = _lib.workspace_size(p, exe, backward)
+    workspace = None
+    if n:
+        workspace = torch.empty(n, dtype=torch.uint8, device=like.device)
+        exe.workspace, exe.workspace_bytes = workspace.data_ptr(), n
+    _lib.call(function, ctypes.byref(p), ctypes.byref(exe))
+    del workspace  # safe on CUDA: the allocator reuses it only for work queued after this call on the stream
+
+
+def _params(q, sizes, varlen, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+            deterministic=False):
+    p = _common.make_params(_DTYPES[q.dtype], sizes, varlen, softmax_scale, causal, (window_left, window_right),
+                            softcap, deterministic)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.contiguous()
+        p.alibi_slopes = alibi_slopes.data_ptr()
+        p.alibi_batch_stride = sizes[3] if alibi_slopes.dim() == 2 else 0
+    return p, alibi_slopes
+
+
+def _forward(q, k, v, sizes, varlen, cu_q, cu_k, lse_shape, rows, softmax_scale, causal, window_left,
+             window_right, softcap, alibi_slopes):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if rows == 0:
+        return out, lse
+    if k.shape[0] == 0 or (not varlen and k.shape[1] == 0):  # no keys at all: every row is empty
+        return out.zero_(), lse.fill_(float("-inf"))
+    p, alibi = _params(q, sizes, varlen, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
+    if varlen:
+        cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+    q, k, v = _gpu_friendly(q), _gpu_friendly(k), _gpu_friendly(v)
+    for field, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        _set(p, field, t, varlen)
+    p.lse = lse.data_ptr()
+    _run("fa_fwd", p, q, 0)
+    return out, lse
+
+
+def _backward(dout, q, k, v, out, lse, sizes, varlen, cu_q, cu_k, rows, softmax_scale, causal, window_left,
+              window_right, softcap, alibi_slopes, deterministic):
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if rows == 0 or k.shape[0] == 0 or (not varlen and k.shape[1] == 0):
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    p, alibi = _params(q, sizes, varlen, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                       deterministic)
+    if varlen:
+        cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+    lse = lse.contiguous()
+    dout, q, k, v, out = (_gpu_friendly(t) for t in (dout, q, k, v, out))
+    for field, t in (("q", q), ("k", k), ("v", v), ("o", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        _set(p, field, t, varlen)
+    p.lse = lse.data_ptr()
+    _run("fa_bwd", p, q, 1)
+    return dq, dk, dv
+
+
+# ---- custom ops ----
+# The forward ops take `deterministic` (unused there) so that their autograd formula can pass it to the backward.
+
+@torch.library.custom_op("flashattn::fwd", mutates_args=())
+def _fwd_op(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+            window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+            deterministic: bool) -> Tuple[Tensor, Tensor]:
+    sizes = _check_dense(q, k, v, alibi_slopes)
+    batch, seqlen_q, _, heads_q, _, _ = sizes
+    return _forward(q, k, v, sizes, False, None, None, (batch, heads_q, seqlen_q), batch * seqlen_q * heads_q,
+                    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic):
+    batch, seqlen_q, _, heads_q, _, _ = _check_dense(q, k, v, alibi_slopes)
+    return q.new_empty(q.shape), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::bwd", mutates_args=())
+def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
+            causal: bool, window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+            deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    sizes = _check_dense(q, k, v, alibi_slopes)
+    batch, seqlen_q, _, heads_q, _, _ = sizes
+    _check_backward_inputs(dout, q, out, lse, (batch, heads_q, seqlen_q))
+    return _backward(dout, q, k, v, out, lse, sizes, False, None, None, batch * seqlen_q * heads_q, softmax_scale,
+                     causal, window_left, window_right, softcap, alibi_slopes, deterministic)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+              deterministic):
+    batch, seqlen_q, _, heads_q, _, _ = _check_dense(q, k, v, alibi_slopes)
+    _check_backward_inputs(dout, q, out, lse, (batch, heads_q, seqlen_q))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
+def _varlen_fwd_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                   max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                   softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool) -> Tuple[Tensor, Tensor]:
+    sizes = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes)
+    _check_cu_seqlens_host("cu_seqlens_q", cu_seqlens_q, sizes[1])
+    _check_cu_seqlens_host("cu_seqlens_k", cu_seqlens_k, sizes[2])
+    heads_q, total_q = sizes[3], sizes[1]
+    return _forward(q, k, v, sizes, True, cu_seqlens_q, cu_seqlens_k, (heads_q, total_q), heads_q * total_q,
+                    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
+
+
+@_varlen_fwd_op.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     window_left, window_right, softcap, alibi_slopes, deterministic):
+    sizes = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes)
+    return q.new_empty(q.shape), q.new_empty((sizes[3], sizes[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::varlen_bwd", mutates_args=())
+def _varlen_bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                   window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                   deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    sizes = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes)
+    _check_cu_seqlens_host("cu_seqlens_q", cu_seqlens_q, sizes[1])
+    _check_cu_seqlens_host("cu_seqlens_k", cu_seqlens_k, sizes[2])
+    heads_q, total_q = sizes[3], sizes[1]
+    _check_backward_inputs(dout, q, out, lse, (heads_q, total_q))
+    return _backward(dout, q, k, v, out, lse, sizes, True, cu_seqlens_q, cu_seqlens_k, heads_q * total_q,
+                     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic)
+
+
+@_varlen_bwd_op.register_fake
+def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic):
+    sizes = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes)
+    _check_backward_inputs(dout, q, out, lse, (sizes[3], sizes[1]))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# ---- autograd ----
+# torch.library.register_autograd wraps each forward op in a torch.autograd.Function whose backward is the
+# matching backward op. Unlike a hand-written autograd.Function around the op, torch.compile then sees one
+# opaque op, so it also traces calls that pass one tensor twice (q = k = v, cu_seqlens_q = cu_seqlens_k).
+# lse is marked non-differentiable: gradients do not flow through it (as in flash-attn).
+
+def _last_dim_contiguous(t):
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+    ctx.options = (softmax_scale, causal, window_left, window_right, softcap)
+    ctx.deterministic = deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
+    softmax_scale, causal, window_left, window_right, softcap = ctx.options
+    dq, dk, dv = torch.ops.flashattn.bwd(_last_dim_contiguous(dout), q, k, v, out, lse, softmax_scale, causal,
+                                         window_left, window_right, softcap, alibi_slopes, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _varlen_fwd_setup_context(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+     window_right, softcap, alibi_slopes, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap)
+    ctx.deterministic = deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap = ctx.options
+    dq, dk, dv = torch.ops.flashattn.varlen_bwd(
+        _last_dim_contiguous(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+_varlen_fwd_op.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
+
+
+# ---- public functions (flash-attn 2.x signatures) ----
+
+def _pad_head_dim(q, k, v):
+    """The library takes head_dim in multiples of 8; like flash-attn, pad others with zeros (which changes
+    neither Q K^T nor the first head_dim columns of the output; autograd slices the gradients back)."""
+    pad = -q.shape[-1] % 8
+    if pad == 0 or not all(isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == q.shape[-1] for t in (k, v)):
+        return q, k, v  # mismatched head_dims are reported by the op's checks
+    return tuple(torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))
+
+
+def _options(q, dropout_p, softmax_scale, window_size, softcap):
+    _common.check_dropout(dropout_p)
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    return _common.scale(softmax_scale, q.shape[-1]), _common.window(window_size), _common.check_softcap(softcap)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Exact attention, as flash_attn.flash_attn_func.
+
+    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), heads_q a multiple of
+    heads_kv (MQA/GQA). float16, bfloat16 or float32; CUDA tensors run on the GPU (current stream), CPU tensors
+    on the CPU backend. Strides are free except that head_dim must be contiguous. head_dim <= 256; one that is
+    not a multiple of 8 is zero-padded (a copy), as flash-attn does.
+    causal is aligned to the bottom right when seqlen_q != seqlen_k; window_size=(left, right), -1 = unbounded;
+    softcap > 0 applies softcap * tanh(S / softcap); alibi_slopes: float32 (heads_q,) or (batch, heads_q).
+    dropout_p must be 0.0 (dropout is not implemented).
+
+    Returns out (batch, seqlen_q, heads_q, head_dim), or with return_attn_probs=True (out, softmax_lse, None)
+    where softmax_lse is float32 (batch, heads_q, seqlen_q); rows that see no key get out = 0, lse = -inf.
+    """
+    scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
+    head_dim = q.shape[-1]
+    q, k, v = _pad_head_dim(q, k, v)
+    out, lse = torch.ops.flashattn.fwd(q, k, v, scale, bool(causal), wl, wr, cap, alibi_slopes, bool(deterministic))
+    out = out[..., :head_dim] if out.shape[-1] != head_dim else out
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """Exact attention of a packed batch of variable-length sequences, as flash_attn.flash_attn_varlen_func.
+
+    q: (total_q, heads_q, head_dim), k, v: (total_k, heads_kv, head_dim); cu_seqlens_q/k: int32 (batch + 1)
+    prefix sums starting at 0, on q's device; max_seqlen_q/k: ints >= every sequence's length.
+    Other arguments as flash_attn_func; block_table (paged KV) is not supported.
+    Returns out (total_q, heads_q, head_dim), or (out, softmax_lse (heads_q, total_q) float32, None).
+    """
+    if block_table is not None:
+        raise NotImplementedError("block_table (paged KV cache) is not supported by flashattn yet")
+    scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
+    head_dim = q.shape[-1]
+    q, k, v = _pad_head_dim(q, k, v)
+    out, lse = torch.ops.flashattn.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                              int(max_seqlen_k), scale, bool(causal), wl, wr, cap, alibi_slopes,
+                                              bool(deterministic))
+    out = out[..., :head_dim] if out.shape[-1] != head_dim else out
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func on qkv (batch, seqlen, 3, heads, head_dim)."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv must be a (batch, seqlen, 3, heads, head_dim) tensor, got {_shape_of(qkv)}")
+    q, k, v = qkv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func with kv (batch, seqlen_k, 2, heads_kv, head_dim)."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv must be a (batch, seqlen_k, 2, heads_kv, head_dim) tensor, got {_shape_of(kv)}")
+    k, v = kv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn_varlen_func on qkv (total, 3, heads, head_dim)."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv must be a (total_tokens, 3, heads, head_dim) tensor, got {_shape_of(qkv)}")
+    q, k, v = qkv.unbind(1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_func with kv (total_k, 2, heads_kv, head_dim)."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(f"kv must be a (total_tokens, 2, heads_kv, head_dim) tensor, got {_shape_of(kv)}")
+    k, v = kv.unbind(1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def _shape_of(x):
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__

@@ -1,0 +1,586 @@
+"""The PyTorch binding against torch.nn.functional.scaled_dot_product_attention in float64 on the same inputs:
+forward, LSE and gradients (causal, GQA, windows, ALiBi, varlen), on CPU tensors (CPU backend) and CUDA
+tensors (CUDA backend); torch.compile(fullgraph=True) of a small attention module; torch.library.opcheck.
+
+Skipped without PyTorch; the CUDA tests are skipped without a GPU or a library built with CUDA.
+Tolerance rule (flash-attn's): error(flashattn vs fp64) <= 2 * error(SDPA's math backend in the same
+precision vs fp64) + a small floor, for out and for each gradient. The math backend runs with reduced-precision
+reductions allowed, so that it really computes in fp16/bf16 (by default it upcasts to fp32).
+
+Note: SDPA's is_causal is aligned top-left; flashattn (like flash-attn >= 2.1) aligns bottom-right, so the
+reference always passes an explicit bottom-right boolean mask.
+"""
+
+import contextlib
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch binding tests need it")
+
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import flashattn  # noqa: E402
+from flashattn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+if not torch.cuda.is_available():
+    _NO_CUDA = "no CUDA device visible to PyTorch"
+elif not flashattn.backend_built("cuda"):
+    _NO_CUDA = "libflashattn was built without CUDA (nvcc not found or FA_CUDA=0)"
+elif flashattn.device_count() == 0:
+    _NO_CUDA = "libflashattn sees no usable CUDA device"
+else:
+    _NO_CUDA = None
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(_NO_CUDA is not None, reason=str(_NO_CUDA)))]
+needs_cuda = pytest.mark.skipif(_NO_CUDA is not None, reason=str(_NO_CUDA))
+
+FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# References
+# ---------------------------------------------------------------------------------------------------------
+
+def bottom_right_mask(len_q, len_k, causal, window_size, device):
+    """Boolean (len_q, len_k) mask, True = visible, and the ALiBi distances |i + len_k - len_q - j|."""
+    i = torch.arange(len_q, device=device)[:, None]
+    j = torch.arange(len_k, device=device)[None, :]
+    diag = i + len_k - len_q
+    left, right = window_size
+    if causal:
+        right = 0
+    mask = torch.ones(len_q, len_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= j >= diag - left
+    if right >= 0:
+        mask &= j <= diag + right
+    return mask, (diag - j).abs()
+
+
+def sdpa_reference(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), alibi_slopes=None,
+                   dtype=torch.float64):
+    """SDPA on (batch, seqlen, heads, d) inputs computed in `dtype` (differentiable w.r.t. q, k, v).
+    GQA through repeat_interleave; rows that see no key give 0 (and no gradient)."""
+    hq, hkv = q.shape[2], k.shape[2]
+    qt = q.to(dtype).transpose(1, 2)
+    kt = k.to(dtype).transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    vt = v.to(dtype).transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    mask, dist = bottom_right_mask(q.shape[1], k.shape[1], causal, window_size, q.device)
+    has_key = mask.any(dim=-1)
+    safe = mask | ~has_key[:, None]  # SDPA would give NaN for rows without keys
+    attn_mask = safe
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(dtype)
+        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
+        attn_mask = (-slopes * dist.to(dtype)).masked_fill(~safe, float("-inf"))
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=attn_mask, scale=softmax_scale)
+    out = out * has_key[:, None].to(dtype)
+    return out.transpose(1, 2)
+
+
+def manual_reference(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                     alibi_slopes=None):
+    """float64 attention written out (for softcap, which SDPA lacks, and for the LSE). Returns out, lse."""
+    hq, hkv, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    q64 = q.double()
+    k64 = k.double().repeat_interleave(hq // hkv, dim=2)
+    v64 = v.double().repeat_interleave(hq // hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    mask, dist = bottom_right_mask(q.shape[1], k.shape[1], causal, window_size, q.device)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.double()
+        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
+        s = s - slopes * dist.double()
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows without keys: exp(-inf - -inf) = nan -> 0
+    return torch.einsum("bhqk,bkhd->bqhd", p, v64), lse
+
+
+@contextlib.contextmanager
+def naive_low_precision():
+    """SDPA's math backend, computing in the inputs' precision."""
+    allow = getattr(torch.backends.cuda, "allow_fp16_bf16_reduction_math_sdp", None)
+    previous = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() if allow else None
+    if allow:
+        allow(True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        if allow:
+            allow(previous)
+
+
+def max_err(a, b):
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def assert_2x_naive(name, ours, naive, ref, dtype):
+    err, base = max_err(ours, ref), max_err(naive, ref)
+    scale = max(1.0, ref.abs().max().item() if ref.numel() else 0.0)
+    bound = 2 * base + FLOOR[dtype] * scale
+    assert err <= bound, f"{name}: error {err:.3g} vs fp64 exceeds 2 x naive error {base:.3g} + floor ({bound:.3g})"
+
+
+def assert_same(a, b):
+    """Bitwise equal on the CPU; on the GPU the kernel chosen may depend on strides and alignment (and dQ is
+    accumulated with atomics), so agreement to within a few units of the last place is asked for instead."""
+    if a.device.type == "cpu":
+        assert torch.equal(a, b)
+    else:
+        assert max_err(a, b) <= 2e-2 * max(1.0, b.abs().max().item())
+
+
+def leaf(x, dtype=None):
+    return x.detach().clone().to(dtype or x.dtype).requires_grad_(True)
+
+
+def run_with_grads(fn, q, k, v, dout, dtype=None):
+    q, k, v = leaf(q, dtype), leaf(k, dtype), leaf(v, dtype)
+    out = fn(q, k, v)
+    out.backward(dout.to(out.dtype))
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def compare_with_sdpa(device, dtype, shape, causal=False, window_size=(-1, -1), alibi=None, softmax_scale=None,
+                      seed=0):
+    """Forward + gradients of flash_attn_func vs SDPA in fp64, with the 2x-naive rule."""
+    b, sq, sk, hq, hkv, d = shape
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, generator=g).to(device, dtype)
+    k = torch.randn(b, sk, hkv, d, generator=g).to(device, dtype)
+    v = torch.randn(b, sk, hkv, d, generator=g).to(device, dtype)
+    dout = torch.randn(b, sq, hq, d, generator=g).to(device, dtype)
+    slopes = None
+    if alibi is not None:
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / hq) for h in range(hq)], device=device)
+        if alibi == "batch":
+            slopes = torch.stack([slopes * (1 + 0.5 * i) for i in range(b)])
+    opts = dict(causal=causal, window_size=window_size, softmax_scale=softmax_scale)
+    ours = run_with_grads(lambda q, k, v: flash_attn_func(q, k, v, alibi_slopes=slopes, **opts), q, k, v, dout)
+    ref = run_with_grads(lambda q, k, v: sdpa_reference(q, k, v, alibi_slopes=slopes, **opts), q, k, v, dout,
+                         torch.float64)
+    with naive_low_precision():
+        naive = run_with_grads(lambda q, k, v: sdpa_reference(q, k, v, alibi_slopes=slopes, dtype=dtype, **opts),
+                               q, k, v, dout)
+    for name, o, n, r, x in zip(("out", "dq", "dk", "dv"), ours, naive, ref, (q, q, k, v)):
+        assert o.shape == x.shape and o.dtype == dtype and o.device == x.device, name
+        assert torch.isfinite(o).all(), f"{name} has non-finite values"
+        assert_2x_naive(name, o, n, r, dtype)
+    return q, k, v, ours
+
+
+SHAPES = [
+    # batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
+    (2, 64, 64, 4, 4, 64),
+    (1, 33, 91, 4, 2, 64),     # GQA, seqlen_q < seqlen_k
+    (2, 77, 20, 6, 1, 32),     # MQA, seqlen_q > seqlen_k: the first rows see no key when causal
+    (1, 1, 130, 2, 2, 128),    # one query row
+    (1, 129, 129, 2, 1, 128),
+]
+SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU and CUDA numerics
+# ---------------------------------------------------------------------------------------------------------
+
+def _dtypes(device):
+    return [torch.float32, torch.bfloat16] if device == "cpu" else [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_against_sdpa(device, shape, causal):
+    for dtype in _dtypes(device):
+        compare_with_sdpa(device, dtype, shape, causal=causal)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("window_size", [(16, 0), (8, 8), (-1, 4), (0, -1)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_windows_against_sdpa(device, window_size, causal):
+    for dtype in _dtypes(device):
+        compare_with_sdpa(device, dtype, (2, 70, 90, 4, 2, 64), causal=causal, window_size=window_size)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("alibi", ["heads", "batch"])
+def test_alibi_against_sdpa(device, alibi):
+    for dtype in _dtypes(device):
+        compare_with_sdpa(device, dtype, (2, 50, 61, 4, 2, 64), causal=True, alibi=alibi)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", [59, 89, 20, 111])
+def test_head_dim_padding(device, head_dim):
+    """head_dim not a multiple of 8 is zero-padded in Python; the scale stays 1/sqrt(head_dim)."""
+    if device == "cuda" and head_dim in (20, 111):
+        pytest.skip("the CUDA backward takes head_dim 32, 64, 96, 128, 192, 256 (20 and 111 pad to 24 and 112)")
+    compare_with_sdpa(device, _dtypes(device)[0], (1, 45, 50, 4, 2, head_dim), causal=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_misaligned_views(device):
+    """Views at an odd element offset, and with strides that are not multiples of 8 elements."""
+    dtype = _dtypes(device)[0]
+    flat = torch.randn(1 + 2 * 33 * 2 * 64, device=device, dtype=dtype)
+    q = flat[1:].view(2, 33, 2, 64)
+    wide = torch.randn(2, 40, 2, 68, device=device, dtype=dtype)
+    k, v = wide[..., :64], wide[..., 4:]
+    out = flash_attn_func(q, k, v, causal=True)
+    assert_same(out, flash_attn_func(q.clone(), k.contiguous(), v.contiguous(), causal=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_scale(device):
+    compare_with_sdpa(device, _dtypes(device)[0], (1, 40, 40, 2, 2, 64), softmax_scale=0.05)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_softcap_and_lse(device):
+    dtype = _dtypes(device)[0]
+    g = torch.Generator().manual_seed(1)
+    q = (3 * torch.randn(1, 45, 4, 64, generator=g)).to(device, dtype)
+    k = (3 * torch.randn(1, 52, 2, 64, generator=g)).to(device, dtype)
+    v = torch.randn(1, 52, 2, 64, generator=g).to(device, dtype)
+    for softcap in (0.0, 5.0):
+        out, lse, probs = flash_attn_func(q, k, v, causal=True, softcap=softcap, return_attn_probs=True)
+        assert probs is None and lse.dtype == torch.float32 and lse.shape == (1, 4, 45)
+        ref_out, ref_lse = manual_reference(q, k, v, causal=True, softcap=softcap)
+        assert max_err(out, ref_out) <= 2e-2 * max(1.0, ref_out.abs().max().item())
+        assert max_err(lse, ref_lse) <= 2e-2
+    # gradients through softcap, against autograd of the manual fp64 reference
+    ql, kl, vl = leaf(q), leaf(k), leaf(v)
+    flash_attn_func(ql, kl, vl, softcap=5.0).sum().backward()
+    qr, kr, vr = leaf(q, torch.float64), leaf(k, torch.float64), leaf(v, torch.float64)
+    manual_reference(qr, kr, vr, softcap=5.0)[0].sum().backward()
+    for name, a, b in (("dq", ql.grad, qr.grad), ("dk", kl.grad, kr.grad), ("dv", vl.grad, vr.grad)):
+        assert max_err(a, b) <= 3e-2 * max(1.0, b.abs().max().item()), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_rows(device):
+    dtype = _dtypes(device)[0]
+    q = torch.randn(1, 10, 2, 64, device=device, dtype=dtype)
+    k = torch.randn(1, 4, 2, 64, device=device, dtype=dtype)
+    out, lse, _ = flash_attn_func(q, k, k, causal=True, return_attn_probs=True)
+    assert (out[:, :6] == 0).all()
+    assert torch.isneginf(lse[:, :, :6]).all() and torch.isfinite(lse[:, :, 6:]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_keys(device):
+    dtype = _dtypes(device)[0]
+    q = torch.randn(2, 5, 2, 64, device=device, dtype=dtype, requires_grad=True)
+    k = torch.zeros(2, 0, 1, 64, device=device, dtype=dtype, requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, k, return_attn_probs=True)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    out.sum().backward()
+    assert (q.grad == 0).all() and k.grad.shape == k.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_inputs(device):
+    """q, k, v as views into a packed qkv tensor (strides passed through, no copies), and a transposed q."""
+    dtype = _dtypes(device)[0]
+    qkv = torch.randn(2, 50, 3, 4, 64, device=device, dtype=dtype)
+    q, k, v = qkv.unbind(2)
+    out = flash_attn_func(q, k, v, causal=True)
+    ref = flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert_same(out, ref)
+    packed = flashattn.flash_attn_qkvpacked_func(qkv, causal=True)
+    assert_same(packed, ref)
+    qt = torch.randn(2, 4, 50, 64, device=device, dtype=dtype).transpose(1, 2)  # (b, s, h, d) view
+    assert_same(flash_attn_func(qt, k, v), flash_attn_func(qt.contiguous(), k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_against_sdpa(device, causal):
+    lens_q, lens_k = [17, 1, 64, 30], [17, 40, 50, 0]
+    hq, hkv, d = 4, 2, 64
+    for dtype in _dtypes(device):
+        g = torch.Generator().manual_seed(2)
+        cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=device)
+        q = torch.randn(sum(lens_q), hq, d, generator=g).to(device, dtype)
+        k = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
+        v = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
+        dout = torch.randn(sum(lens_q), hq, d, generator=g).to(device, dtype)
+        window = (20, 3)
+
+        def ours_fn(q, k, v):
+            return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                          window_size=window)
+
+        def ref_fn(dtype_):
+            def f(q, k, v):
+                outs = []
+                for i in range(len(lens_q)):
+                    sq, sk = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+                    outs.append(sdpa_reference(q[None, sq], k[None, sk], v[None, sk], causal=causal,
+                                               window_size=window, dtype=dtype_)[0])
+                return torch.cat(outs)
+            return f
+
+        ours = run_with_grads(ours_fn, q, k, v, dout)
+        ref = run_with_grads(ref_fn(torch.float64), q, k, v, dout, torch.float64)
+        with naive_low_precision():
+            naive = run_with_grads(ref_fn(dtype), q, k, v, dout)
+        for name, o, n, r in zip(("out", "dq", "dk", "dv"), ours, naive, ref):
+            assert_2x_naive(name, o, n, r, dtype)
+        # the sequence without keys: zero output, lse = -inf
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_attn_probs=True)
+        assert lse.shape == (hq, sum(lens_q))
+        tail = slice(cu_q[3].item(), cu_q[4].item())
+        assert (out[tail] == 0).all() and torch.isneginf(lse[:, tail]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_matches_dense(device):
+    dtype = _dtypes(device)[0]
+    q, k, v = (torch.randn(3, 40, 2, 64, device=device, dtype=dtype) for _ in range(3))
+    cu = torch.arange(0, 121, 40, dtype=torch.int32, device=device)
+    dense = flash_attn_func(q, k, v, causal=True)
+    packed = flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, 40, 40, causal=True)
+    assert max_err(dense.flatten(0, 1), packed) <= 1e-2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUDA specifics
+# ---------------------------------------------------------------------------------------------------------
+
+@needs_cuda
+def test_runs_on_the_current_stream():
+    q, k, v = (torch.randn(2, 256, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    expected = flash_attn_func(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            out = flash_attn_func(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(out, expected)
+
+
+@needs_cuda
+def test_cuda_graph_capture():
+    q, k, v = (torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    flash_attn_func(q, k, v)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_func(q, k, v, causal=True)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
+
+
+@needs_cuda
+def test_deterministic_backward_is_bitwise_reproducible():
+    q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    grads = []
+    for _ in range(3):
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), dout))
+    for g in grads[1:]:
+        for a, b in zip(g, grads[0]):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_library_error_carries_detail(device):
+    """What only the library rejects (head_dim 512 here) raises FlashAttnError with fa_last_error's detail."""
+    q = torch.randn(1, 8, 1, 512, device=device, dtype=_dtypes(device)[0])
+    with pytest.raises(flashattn.FlashAttnError) as info:
+        flash_attn_func(q, q, q)
+    e = info.value
+    assert e.status_name == "FA_ERR_UNSUPPORTED" and "head_dim" in e.detail and e.detail in str(e)
+
+
+@needs_cuda
+def test_device_mismatch():
+    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="k is on cpu but q is on cuda"):
+        flash_attn_func(q, q.cpu(), q)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# torch.compile and opcheck
+# ---------------------------------------------------------------------------------------------------------
+
+class TinyAttention(torch.nn.Module):
+    def __init__(self, dim=128, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, dim)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.head_dim)
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.head_dim).unbind(2)
+        out = flash_attn_func(q, k, v, causal=True, window_size=(48, 0))
+        return self.proj(out.reshape(b, s, -1))
+
+
+def _compile_backends(device):
+    backends = ["aot_eager"]
+    if device == "cuda" or shutil.which("g++") or shutil.which("c++"):
+        backends.append("inductor")
+    return backends
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    torch._dynamo.reset()
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    torch.manual_seed(0)
+    model = TinyAttention().to(device, dtype)
+    x = torch.randn(2, 96, 128, device=device, dtype=dtype)
+    out_eager = model(x)
+    grads_eager = torch.autograd.grad(out_eager.sum(), list(model.parameters()))
+    for backend in _compile_backends(device):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend=backend)
+        out = compiled(x)
+        grads = torch.autograd.grad(out.sum(), list(model.parameters()))
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        assert max_err(out, out_eager) <= tol * max(1.0, out_eager.abs().max().item()), backend
+        for a, b in zip(grads, grads_eager):
+            assert max_err(a, b) <= tol * max(1.0, b.abs().max().item()), backend
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_dynamic_shapes_and_varlen(device):
+    torch._dynamo.reset()
+    dtype = _dtypes(device)[0]
+
+    def f(q, k, v, cu, max_len):
+        return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True).float().square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
+    for lens in ([5, 9, 12], [31, 2]):
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=device)
+        q, k, v = (torch.randn(sum(lens), 2, 64, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        loss = compiled(q, k, v, cu, max(lens))
+        grads = torch.autograd.grad(loss, (q, k, v))
+        loss_e = f(q, k, v, cu, max(lens))
+        grads_e = torch.autograd.grad(loss_e, (q, k, v))
+        assert max_err(loss, loss_e) <= 1e-3 * max(1.0, abs(loss_e.item()))
+        for a, b in zip(grads, grads_e):
+            assert max_err(a, b) <= 2e-2 * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    dtype = _dtypes(device)[0]
+    q = torch.randn(2, 24, 4, 64, device=device, dtype=dtype)
+    k = torch.randn(2, 30, 2, 64, device=device, dtype=dtype)
+    v = torch.randn(2, 30, 2, 64, device=device, dtype=dtype)
+    slopes = torch.rand(4, device=device)
+    fwd_args = (q, k, v, 0.125, True, -1, 0, 0.0, slopes, False)
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, fwd_args)
+    grad_args = (q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_()) + fwd_args[3:]
+    torch.library.opcheck(torch.ops.flashattn.fwd.default, grad_args)
+    out, lse = torch.ops.flashattn.fwd(*fwd_args)
+    torch.library.opcheck(torch.ops.flashattn.bwd.default,
+                          (torch.randn_like(out), q, k, v, out, lse, 0.125, True, -1, 0, 0.0, slopes, False))
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32, device=device)
+    cuk = torch.tensor([0, 5, 30], dtype=torch.int32, device=device)
+    qv, kv, vv = q.flatten(0, 1)[:24], k.flatten(0, 1)[:30], v.flatten(0, 1)[:30]
+    vfwd_args = (qv, kv, vv, cu, cuk, 14, 25, 0.125, False, 8, 8, 0.0, None, False)
+    torch.library.opcheck(torch.ops.flashattn.varlen_fwd.default, vfwd_args)
+    vgrad_args = (qv.clone().requires_grad_(), kv.clone().requires_grad_(), vv.clone().requires_grad_()) + vfwd_args[3:]
+    torch.library.opcheck(torch.ops.flashattn.varlen_fwd.default, vgrad_args)
+    vout, vlse = torch.ops.flashattn.varlen_fwd(*vfwd_args)
+    torch.library.opcheck(torch.ops.flashattn.varlen_bwd.default,
+                          (torch.randn_like(vout), qv, kv, vv, vout, vlse, cu, cuk, 14, 25, 0.125, False, 8, 8, 0.0,
+                           None, False))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_same_tensor_twice(device):
+    """Self-attention on one tensor (q = k = v) and the packed varlen function (cu_seqlens_q = cu_seqlens_k)."""
+    torch._dynamo.reset()
+    dtype = _dtypes(device)[0]
+    x = torch.randn(1, 40, 2, 64, device=device, dtype=dtype, requires_grad=True)
+    cu = torch.tensor([0, 15, 40], dtype=torch.int32, device=device)
+    qkv = torch.randn(40, 3, 2, 64, device=device, dtype=dtype, requires_grad=True)
+
+    def f(x, qkv):
+        a = flash_attn_func(x, x, x, causal=True).float().sum()
+        b = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, 25, causal=True).float().sum()
+        return a + b
+
+    loss = torch.compile(f, fullgraph=True, backend="aot_eager")(x, qkv)
+    grads = torch.autograd.grad(loss, (x, qkv))
+    loss_e = f(x, qkv)
+    grads_e = torch.autograd.grad(loss_e, (x, qkv))
+    assert max_err(loss, loss_e) <= 1e-3 * max(1.0, abs(loss_e.item()))
+    for a, b in zip(grads, grads_e):
+        assert max_err(a, b) <= 2e-2 * max(1.0, b.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Argument checks
+# ---------------------------------------------------------------------------------------------------------
+
+def _qkv(dtype=torch.float32, device="cpu"):
+    return tuple(torch.randn(1, 8, 2, 64, dtype=dtype, device=device) for _ in range(3))
+
+
+def test_unsupported_arguments_raise():
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flash_attn_func(q, k, v, dropout_p=0.1)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, block_table=torch.zeros(1, 1, dtype=torch.int32))
+
+
+def test_bad_inputs_name_the_argument():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="q must be float16, bfloat16 or float32"):
+        flash_attn_func(q.double(), k, v)
+    with pytest.raises(TypeError, match="^v has dtype torch.float16"):
+        flash_attn_func(q, k, v.half())
+    with pytest.raises(ValueError, match="k must be contiguous in its last dimension"):
+        flash_attn_func(q, k.transpose(1, 3).contiguous().transpose(1, 3), v)
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        flash_attn_func(q[0], k, v)
+    with pytest.raises(ValueError, match=r"q's heads \(3\) must be a multiple"):
+        flash_attn_func(torch.randn(1, 8, 3, 64), k, v)
+    with pytest.raises(ValueError, match="alibi_slopes must have shape"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(5))
+    with pytest.raises(TypeError, match="alibi_slopes must be float32"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="softcap"):
+        flash_attn_func(q, k, v, softcap=-2.0)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_func(q, k, v, window_size=(1, 2, 3))
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(TypeError, match="cu_seqlens_k must be int32"):
+        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu.long(), 8, 8)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be non-decreasing"):
+        flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 6, 4], dtype=torch.int32),
+                               torch.tensor([0, 4, 8], dtype=torch.int32), 8, 8)
+
+
+def test_lse_is_not_differentiable_and_out_is():
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+    out.sum().backward()  # dout with zero strides (expanded ones) must work
+    assert q.grad is not None and k.grad is not None and v.grad is not None
