@@ -1,10 +1,13 @@
 # flashattn - hand-written Makefile.
-#   make            library (static + shared) and the flashattn CLI
-#   make run        the main job: flashattn run on the best backend
-#   make test       every test (GPU tests too when a GPU is present)
-#   make sanitize   CPU tests under ASan + UBSan
-#   make install PREFIX=/usr/local
-# Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found), FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0.
+#   make               library (static + shared) and the flashattn CLI, in build/
+#   make run           the main job: flashattn run on the best backend
+#   make test          every test: C tests (GPU tests too when a GPU is present), the install test, Python tests
+#   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
+#   make install PREFIX=/usr/local [DESTDIR=...]
+#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, serial build
+# Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
+#        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
+#        CFLAGS/LDFLAGS (appended).
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
@@ -12,23 +15,44 @@ CC       ?= cc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 OMP      ?= 1
 NATIVE   ?= 1
+SANITIZE ?= 0
+PYTHON   ?= python3
+
+VERSION_PART = $(shell sed -n 's/^\#define FA_VERSION_$(1) \([0-9]*\).*/\1/p' include/flashattn.h)
+VERSION := $(call VERSION_PART,MAJOR).$(call VERSION_PART,MINOR).$(call VERSION_PART,PATCH)
+SOVERSION := $(call VERSION_PART,MAJOR)
+SONAME := libflashattn.so.$(SOVERSION)
 
 CFLAGS_BASE = -std=c11 -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -fPIC -fvisibility=hidden \
-              -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc
+              -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc -MMD -MP
 ifeq ($(NATIVE),1)
 CFLAGS_BASE += -march=native
 endif
 ifeq ($(OMP),1)
 CFLAGS_BASE += -fopenmp -DFA_WITH_OPENMP
 LDOMP = -fopenmp
+# What a program linking the static library needs for OpenMP (goes into flashattn.pc).
+PC_OMP = $(if $(findstring clang,$(shell $(CC) --version 2>/dev/null)),-lomp,-lgomp)
+endif
+ifeq ($(SANITIZE),1)
+SANITIZE_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+CFLAGS_BASE += $(SANITIZE_FLAGS) -DFA_SANITIZE
 endif
 CFLAGS  ?=
-ALL_CFLAGS = $(CFLAGS_BASE) $(CFLAGS)
+LDFLAGS ?=
+ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
+ALL_LDFLAGS = $(SANITIZE_FLAGS) $(LDFLAGS)
 LDLIBS  = -lm $(LDOMP)
+PC_LIBS = $(PC_OMP)
 
 # CUDA is built when nvcc is found, unless FA_CUDA=0.
 ifeq ($(FA_CUDA),0)
 NVCC :=
+endif
+ifeq ($(FA_CUDA),1)
+ifeq ($(NVCC),)
+$(error FA_CUDA=1 but nvcc was not found: put it on PATH or pass NVCC=/path/to/nvcc)
+endif
 endif
 ifneq ($(NVCC),)
 CUDA_HOME     ?= $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -39,7 +63,9 @@ NVCC_FLAGS    ?= -O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall -Iinc
 CUDA_SRC       = $(wildcard src/cuda/*.cu)
 CUDA_OBJ       = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 ALL_CFLAGS    += -DFA_WITH_CUDA -I$(CUDA_HOME)/include
-LDLIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+CUDA_LIBS      = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+LDLIBS        += $(CUDA_LIBS)
+PC_LIBS       += $(CUDA_LIBS)
 endif
 
 LIB_SRC  = $(wildcard src/*.c src/reference/*.c src/cpu/*.c)
@@ -51,38 +77,193 @@ TEST_BIN = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # Test binaries share tests/*.c (not test_*) and the CLI's verification module.
 TEST_COMMON = $(patsubst %.c,$(BUILD)/%.o,$(filter-out tests/test_%.c,$(wildcard tests/*.c)) $(wildcard cli/verify.c))
 
-.PHONY: all run test clean
-all: $(BUILD)/libflashattn.a $(BUILD)/libflashattn.so $(BUILD)/flashattn
+ifeq ($(MAKELEVEL),0)
 ifeq ($(NVCC),)
+$(info flashattn $(VERSION): CUDA off ($(if $(filter 0,$(FA_CUDA)),FA_CUDA=0,nvcc not found)), OpenMP $(if $(filter 1,$(OMP)),on,off))
+else
+$(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)), OpenMP $(if $(filter 1,$(OMP)),on,off))
+endif
+endif
+
+.PHONY: all lib run test test-c test-install test-python sanitize install uninstall ci clean format \
+        format-check readme-example FORCE
+.DELETE_ON_ERROR:
+# Keep the objects of the test binaries (make would delete them as intermediate files).
+.SECONDARY: $(TEST_BIN:=.o) $(TEST_COMMON)
+
+all: lib $(BUILD)/flashattn
+ifeq ($(NVCC)$(MAKELEVEL),0)
 	@echo "note: nvcc not found (or FA_CUDA=0): built the CPU and reference backends only"
 endif
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h cli/*.h tests/*.h)
+lib: $(BUILD)/libflashattn.a $(BUILD)/libflashattn.so
+
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(wildcard include/*.h src/*.h src/cuda/*.h src/cuda/*.cuh)
+# Each nvcc run records its start and end time next to the object; the archive rule sums them up.
+# FA_CUDA_ARCHS reaches the code as a string ("80 90a") for the build info.
+$(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_GENCODE) -c $< -o $@
+	@date +%s.%N > $@.time
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_GENCODE) -DFA_CUDA_ARCHS='"$(FA_CUDA_ARCHS)"' -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	@date +%s.%N >> $@.time
+	@awk 'NR==1{s=$$1} NR==2{printf "nvcc %s: %.1f s\n", "$<", $$1-s}' $@.time
 
 $(BUILD)/libflashattn.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+ifneq ($(NVCC),)
+	@if [ -n "$(filter %.o,$(filter $(CUDA_OBJ),$?))" ]; then \
+	  cat $(patsubst %,%.time,$(filter $(CUDA_OBJ),$?)) | paste - - | awk \
+	    '{ if (NR==1 || $$1<s) s=$$1; if ($$2>e) e=$$2; sum+=$$2-$$1 } \
+	     END { printf "CUDA build: %d file(s), %.1f s wall, %.1f s of nvcc time (sm $(FA_CUDA_ARCHS))\n", NR, e-s, sum }'; \
+	fi
+endif
 
 $(BUILD)/libflashattn.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
+	@ln -sf libflashattn.so $(BUILD)/$(SONAME)
 
 $(BUILD)/flashattn: $(CLI_OBJ) $(BUILD)/libflashattn.a
-	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/libflashattn.a $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libflashattn.a $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON) $(BUILD)/libflashattn.a
-	$(CC) -o $@ $< $(TEST_COMMON) $(BUILD)/libflashattn.a $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $< $(TEST_COMMON) $(BUILD)/libflashattn.a $(LDLIBS)
 
 run: all
 	$(BUILD)/flashattn run
 
+# ---------------------------------------------------------------------------------------------------------
+# Tests. Each suite prints a closing "<suite>: N passed, N failed" line; the target fails if any test failed.
+
+# All three suites run even when one fails; the target fails at the end if any did.
 test: all $(TEST_BIN)
-	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
+	@failed=""; \
+	$(MAKE) --no-print-directory test-c || failed="$$failed test-c"; \
+	$(MAKE) --no-print-directory test-install || failed="$$failed test-install"; \
+	$(MAKE) --no-print-directory test-python || failed="$$failed test-python"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi
+
+# Runs every test binary (all of them, also after a failure) and names the failures at the end.
+test-c: $(TEST_BIN)
+	@pass=0; fail=0; failed=""; \
+	for t in $(TEST_BIN); do \
+	  echo "== $$t"; \
+	  if $$t; then pass=$$((pass+1)); else echo "FAILED: $$t (exit $$?)"; fail=$$((fail+1)); failed="$$failed $$t"; fi; \
+	done; \
+	[ $$fail -eq 0 ] || echo "failed test binaries:$$failed"; \
+	echo "c-tests$(if $(filter 1,$(SANITIZE)),-sanitize): $$pass passed, $$fail failed"; \
+	[ $$fail -eq 0 ]
+
+# Installs into a temporary prefix, then builds the README's example and tests/test_example.c against it
+# with pkg-config, once with the shared and once with the static library, and runs them.
+INSTALL_TEST_DIR = $(abspath $(BUILD))/install-test
+test-install: all
+	@rm -rf $(INSTALL_TEST_DIR) && mkdir -p $(INSTALL_TEST_DIR)
+	@$(MAKE) --no-print-directory install PREFIX=$(INSTALL_TEST_DIR)/prefix DESTDIR= > $(INSTALL_TEST_DIR)/install.log
+	@set -e; export PKG_CONFIG_PATH=$(INSTALL_TEST_DIR)/prefix/lib/pkgconfig; \
+	pass=0; fail=0; \
+	echo "== pkg-config flashattn: $$(pkg-config --modversion flashattn)"; \
+	echo "   cflags: $$(pkg-config --cflags flashattn)"; \
+	echo "   libs:   $$(pkg-config --libs flashattn)"; \
+	echo "   static: $$(pkg-config --static --libs flashattn)"; \
+	awk '/^<!-- example: begin -->/{f=1; next} /^<!-- example: end -->/{f=0} f && !/^```/' README.md \
+	  > $(INSTALL_TEST_DIR)/readme_example.c; \
+	[ -s $(INSTALL_TEST_DIR)/readme_example.c ] || { echo "README.md: no example block found"; exit 1; }; \
+	srcs="$(INSTALL_TEST_DIR)/readme_example.c"; \
+	[ ! -f tests/test_example.c ] || cmp -s tests/test_example.c $(INSTALL_TEST_DIR)/readme_example.c \
+	  || srcs="$$srcs tests/test_example.c"; \
+	for src in $$srcs; do \
+	  exe=$(INSTALL_TEST_DIR)/$$(basename $$src .c); \
+	  echo "== $$src against the installed library (shared, then static)"; \
+	  if $(CC) -std=c11 -Wall -Wextra -Werror -o $$exe $$src $$(pkg-config --cflags --libs flashattn) \
+	     && LD_LIBRARY_PATH=$(INSTALL_TEST_DIR)/prefix/lib $$exe \
+	     && $(CC) -std=c11 -Wall -Wextra -Werror -o $$exe-static $$src $$(pkg-config --cflags flashattn) \
+	          $$(pkg-config --static --libs flashattn | sed 's/-lflashattn/-l:libflashattn.a/') \
+	     && $$exe-static; \
+	  then pass=$$((pass+1)); else echo "FAILED: $$src against the installed library"; fail=$$((fail+1)); fi; \
+	done; \
+	if $(INSTALL_TEST_DIR)/prefix/bin/flashattn info > /dev/null; then pass=$$((pass+1)); \
+	else echo "FAILED: installed flashattn info"; fail=$$((fail+1)); fi; \
+	echo "install-test: $$pass passed, $$fail failed"; \
+	[ $$fail -eq 0 ]
+
+# Python tests need python3 with numpy and pytest; they are skipped with a message otherwise.
+# pytest's exit status 5 means it collected no test.
+test-python: lib
+	@if [ ! -d python/tests ]; then echo "python-tests: skipped (no python/tests)"; exit 0; fi; \
+	if ! $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \
+	  echo "python-tests: skipped ($(PYTHON) with numpy and pytest not found; .ci/run installs them)"; exit 0; fi; \
+	FLASHATTN_LIBRARY=$(abspath $(BUILD))/libflashattn.so PYTHONPATH=$(abspath python)$${PYTHONPATH:+:$$PYTHONPATH} \
+	  $(PYTHON) -m pytest -q python/tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "python-tests: no tests collected"; exit 0; fi; exit $$rc
+
+SANITIZE_BUILD ?= $(BUILD)/sanitize
+sanitize:
+	@ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+	  $(MAKE) --no-print-directory BUILD=$(SANITIZE_BUILD) FA_CUDA=0 SANITIZE=1 NVCC= test-c
+
+# A build without OpenMP must compile too (the serial code paths).
+SERIAL_BUILD ?= $(BUILD)/serial
+ci:
+	@failed=""; \
+	$(MAKE) --no-print-directory test || failed="$$failed test"; \
+	$(MAKE) --no-print-directory sanitize || failed="$$failed sanitize"; \
+	$(MAKE) --no-print-directory BUILD=$(SERIAL_BUILD) OMP=0 FA_CUDA=0 NVCC= all || failed="$$failed serial-build"; \
+	if [ -n "$$failed" ]; then echo "make ci: FAILED:$$failed"; exit 1; fi; \
+	echo "make ci: test, sanitize and the serial build passed"
+
+# ---------------------------------------------------------------------------------------------------------
+# Install
+
+DESTDIR ?=
+BINDIR  ?= $(PREFIX)/bin
+LIBDIR  ?= $(PREFIX)/lib
+INCDIR  ?= $(PREFIX)/include
+PCDIR   ?= $(LIBDIR)/pkgconfig
+
+$(BUILD)/flashattn.pc: flashattn.pc.in include/flashattn.h FORCE
+	@mkdir -p $(dir $@)
+	@sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCDIR@|$(INCDIR)|g' \
+	     -e 's|@VERSION@|$(VERSION)|g' -e 's|@LIBS_PRIVATE@|$(strip $(PC_LIBS))|g' $< > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+FORCE:
+
+install: all $(BUILD)/flashattn.pc
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PCDIR)
+	install -m 644 include/flashattn.h $(DESTDIR)$(INCDIR)/flashattn.h
+	install -m 644 $(BUILD)/libflashattn.a $(DESTDIR)$(LIBDIR)/libflashattn.a
+	install -m 755 $(BUILD)/libflashattn.so $(DESTDIR)$(LIBDIR)/libflashattn.so.$(VERSION)
+	ln -sf libflashattn.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libflashattn.so
+	install -m 755 $(BUILD)/flashattn $(DESTDIR)$(BINDIR)/flashattn
+	install -m 644 $(BUILD)/flashattn.pc $(DESTDIR)$(PCDIR)/flashattn.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(INCDIR)/flashattn.h $(DESTDIR)$(LIBDIR)/libflashattn.a \
+	      $(DESTDIR)$(LIBDIR)/libflashattn.so $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	      $(DESTDIR)$(LIBDIR)/libflashattn.so.$(VERSION) $(DESTDIR)$(BINDIR)/flashattn $(DESTDIR)$(PCDIR)/flashattn.pc
+
+# ---------------------------------------------------------------------------------------------------------
+# Housekeeping
+
+FORMAT_FILES = $(wildcard include/*.h src/*.c src/*.h src/*/*.c src/*/*.h src/*/*.cu src/*/*.cuh cli/*.c cli/*.h \
+                          tests/*.c tests/*.h)
+format:
+	clang-format -i $(FORMAT_FILES)
+format-check:
+	clang-format --dry-run -Werror $(FORMAT_FILES)
+
+# Copies tests/test_example.c into README.md's example block (the install test builds and runs both).
+readme-example: tests/test_example.c
+	@awk -v src=$< 'BEGIN{while ((getline l < src) > 0) body = body l "\n"} \
+	  /^<!-- example: begin -->/{print; print "```c"; printf "%s", body; print "```"; skip=1; next} \
+	  /^<!-- example: end -->/{skip=0} !skip' README.md > README.md.tmp && mv README.md.tmp README.md
+	@echo "README.md: example block updated from $<"
 
 clean:
 	rm -rf $(BUILD)
+
+-include $(patsubst %.o,%.d,$(LIB_OBJ) $(CLI_OBJ) $(TEST_COMMON) $(TEST_BIN:=.o))

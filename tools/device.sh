@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# device.sh - everything the GPU machine runs, in one script: build, the test suite (GPU tests included),
+# compute-sanitizer on small problems, the paper benchmark of ours next to PyTorch's SDPA backends, and the
+# CPU comparison with PyTorch's CPU SDPA. Logs and results go to $OUT (default ./device-out), at most 8
+# files (build.log tests.log sanitize.log bench.log bench.csv peers.json cpu.log extras.tar); a short
+# table of ours vs the peers is printed last (and appended to bench.log).
+#
+#   tools/device.sh [--quick] [--jobs N] [PART ...]
+#
+# PARTS (default: all = build test sanitize bench cpu; build runs first, incrementally, unless only summary)
+#   build      make -j; prints the CUDA build time                          -> build.log
+#   test       make test (C tests with the GPU ones, install test, Python) -> tests.log
+#   sanitize   compute-sanitizer memcheck + racecheck on flashattn check    -> sanitize.log
+#   bench      bench/peer_bench.py, then flashattn bench --sweep paper      -> bench.log bench.csv peers.json
+#              (SVG plots in plots/, or in extras.tar with the ceilings when there are more than 8 files)
+#   cpu        fp32 b1 h8 s2048 d128 at 1 and 16 threads, ours vs torch    -> cpu.log (csv/json in extras.tar)
+#   summary    only the table, from bench.csv and peers.json already in $OUT
+# --quick      head_dim 128 only in the benchmarks, one shape per sanitizer tool
+# Environment: FA_BENCH_ARGS / FA_PEER_ARGS replace the sweep arguments of ours / the peers.
+set -u -o pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+EXTRA="$OUT/extra"
+JOBS=16
+QUICK=0
+PARTS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) QUICK=1 ;;
+    --jobs) JOBS=$2; shift ;;
+    --jobs=*) JOBS=${1#--jobs=} ;;
+    build | test | sanitize | bench | cpu | summary) PARTS+=("$1") ;;
+    all) PARTS+=(test sanitize bench cpu) ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "device.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(test sanitize bench cpu)
+
+FA=build/flashattn
+PY=${PYTHON:-python3}
+FAILED=()
+SECONDS=0
+
+note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
+
+machine_header() {
+    echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null |
+        sed 's/^/# gpu: /'
+    echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) logical cores"
+    echo "# nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+    echo "# git: $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(git status --porcelain 2>/dev/null | wc -l) changed file(s)"
+}
+
+part_build() {
+    note "build: make -j$JOBS"
+    { machine_header; make -j"$JOBS" all; } > "$OUT/build.log" 2>&1
+    local rc=$?
+    grep -E '^(flashattn [0-9]|CUDA build|note:)' "$OUT/build.log"
+    if [ $rc -ne 0 ]; then
+        grep -E 'error|Error' "$OUT/build.log" | head -30
+        note "build: FAILED (rc $rc), see build.log"
+        FAILED+=(build)
+        return 1
+    fi
+    "$FA" info 2>&1 | head -20
+    note "build: ok"
+}
+
+part_test() {
+    note "test: make test"
+    make -j"$JOBS" test > "$OUT/tests.log" 2>&1
+    local rc=$?
+    grep -E 'passed|FAIL|skipped' "$OUT/tests.log" | grep -v '^PASS' | tail -40
+    if [ $rc -ne 0 ]; then note "test: FAILED (rc $rc), see tests.log"; FAILED+=(test); else note "test: ok"; fi
+}
+
+# compute-sanitizer over flashattn check, forward and backward, for each kernel family. Exit status 3 from
+# the CLI means the shape is unsupported by that family: recorded, not a failure.
+part_sanitize() {
+    local cs
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+    if [ -z "$cs" ]; then note "sanitize: compute-sanitizer not found"; FAILED+=(sanitize); return 1; fi
+    local shapes=(
+        "--dtype bf16 --batch 2 --seqlen-q 100 --seqlen-k 200 --heads 4 --heads-kv 2 --head-dim 64 --causal"
+        "--dtype f16 --batch 1 --seqlen-q 129 --seqlen-k 129 --heads 2 --head-dim 128"
+        "--dtype bf16 --batch 3 --seqlen-q 150 --seqlen-k 150 --heads 4 --heads-kv 1 --head-dim 128 --varlen --window 32,8 --softcap 30 --alibi"
+        "--dtype bf16 --batch 1 --seqlen-q 96 --seqlen-k 96 --heads 2 --head-dim 256 --causal"
+    )
+    [ $QUICK -eq 1 ] && shapes=("${shapes[0]}")
+    local pass=0 fail=0 unsupported=0
+    : > "$OUT/sanitize.log"
+    for tool in memcheck racecheck; do
+        for kernel in fa2 fa3; do
+            for shape in "${shapes[@]}"; do
+                local cmd=("$cs" --tool "$tool" --error-exitcode 99)
+                [ "$tool" = memcheck ] && cmd+=(--leak-check full)
+                echo "== $tool: $FA check --backend cuda --kernel $kernel --bwd $shape" >> "$OUT/sanitize.log"
+                # shellcheck disable=SC2086
+                "${cmd[@]}" "$FA" check --backend cuda --kernel $kernel --bwd $shape >> "$OUT/sanitize.log" 2>&1
+                local rc=$?
+                case $rc in
+                0) pass=$((pass + 1)) ;;
+                3) unsupported=$((unsupported + 1)); echo "(unsupported by $kernel)" >> "$OUT/sanitize.log" ;;
+                *) fail=$((fail + 1)); echo "FAIL rc=$rc: $tool $kernel $shape" | tee -a "$OUT/sanitize.log" ;;
+                esac
+            done
+        done
+    done
+    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | sort | uniq -c
+    echo "sanitize: $pass passed, $fail failed, $unsupported unsupported"
+    if [ $fail -ne 0 ]; then FAILED+=(sanitize); fi
+    note "sanitize: done"
+}
+
+part_bench() {
+    local peer_args ours_args
+    if [ $QUICK -eq 1 ]; then
+        peer_args="--head-dims 128"
+        ours_args="--head-dim 128"
+    else
+        peer_args=""
+        ours_args=""
+    fi
+    peer_args=${FA_PEER_ARGS:-$peer_args}
+    ours_args=${FA_BENCH_ARGS:-$ours_args}
+    mkdir -p "$OUT/plots" "$EXTRA"
+    note "bench: peers (bench/peer_bench.py $peer_args)"
+    # shellcheck disable=SC2086
+    "$PY" bench/peer_bench.py --ceilings --ceilings-json "$EXTRA/ceilings.json" --json "$OUT/peers.json" \
+        $peer_args > "$OUT/bench.log" 2>&1 || { tail -5 "$OUT/bench.log"; note "bench: peers FAILED"; FAILED+=(peers); }
+    grep '^#' "$OUT/bench.log"
+    note "bench: ours ($FA bench --sweep paper --backend cuda,naive $ours_args)"
+    local peers=()
+    [ -s "$OUT/peers.json" ] && peers=(--peers "$OUT/peers.json")
+    # shellcheck disable=SC2086
+    "$FA" bench --sweep paper --backend cuda,naive --csv "$OUT/bench.csv" --plot "$OUT/plots/paper.svg" \
+        "${peers[@]}" $ours_args >> "$OUT/bench.log" 2>&1 || { tail -5 "$OUT/bench.log"; note "bench: ours FAILED"; FAILED+=(bench); }
+    note "bench: done"
+}
+
+part_cpu() {
+    mkdir -p "$EXTRA"
+    local shape="--backend cpu --dtype f32 --batch 1 --heads 8 --seqlen-q 2048 --seqlen-k 2048 --head-dim 128 --bwd"
+    : > "$OUT/cpu.log"
+    note "cpu: ours, 1 and 16 threads, causal and not"
+    for t in 1 16; do
+        for c in "" "--causal"; do
+            echo "== $FA bench $shape --threads $t $c" >> "$OUT/cpu.log"
+            # shellcheck disable=SC2086
+            OMP_NUM_THREADS=$t OMP_PROC_BIND=close "$FA" bench $shape --threads $t $c \
+                --csv "$EXTRA/cpu-ours-t$t${c:+-causal}.csv" >> "$OUT/cpu.log" 2>&1 || FAILED+=("cpu ours t=$t $c")
+        done
+    done
+    note "cpu: torch CPU SDPA flash"
+    "$PY" bench/peer_bench.py --cpu --threads 1,16 --json "$EXTRA/cpu-peers.json" >> "$OUT/cpu.log" 2>&1 ||
+        FAILED+=("cpu peers")
+    cpu_table | tee -a "$OUT/cpu.log"
+}
+
+# The table of ours vs PyTorch's flash and cuDNN backends, from bench.csv and peers.json. Column names of
+# bench.csv are matched loosely so that the table survives small changes of the CLI's format.
+summary_table() {
+    "$PY" - "$OUT/bench.csv" "$OUT/peers.json" <<'EOF'
+import csv, json, os, sys
+csv_path, json_path = sys.argv[1], sys.argv[2]
+
+def field(row, *names):
+    for n in names:
+        for k, v in row.items():
+            if k and k.strip().lower() == n:
+                return v
+    return None
+
+def truth(x):
+    return str(x).strip().lower() in ("1", "true", "yes", "causal")
+
+data = {}  # (pass, d, causal, seqlen) -> {impl: tflops}
+impls_ours, impls_peer = [], []
+if os.path.exists(csv_path):
+    for r in csv.DictReader(open(csv_path)):
+        status = (field(r, "status") or "FA_OK").strip()
+        if status not in ("FA_OK", "ok", "0"):
+            continue
+        impl = field(r, "impl", "backend", "implementation") or "ours"
+        kern = (field(r, "kernel") or "").strip()
+        if kern not in ("", "auto", "-", "none", impl):
+            impl = "%s-%s" % (impl, kern)
+        try:
+            key = ((field(r, "pass", "direction") or "fwd").strip(), int(field(r, "head_dim", "d")),
+                   truth(field(r, "causal")), int(field(r, "seqlen", "seqlen_q")))
+            tf = float(field(r, "tflops", "tflop/s"))
+        except (TypeError, ValueError):
+            continue
+        data.setdefault(key, {})[impl] = tf
+        if impl not in impls_ours: impls_ours.append(impl)
+if os.path.exists(json_path):
+    for r in json.load(open(json_path)):
+        key = (r["pass"], r["head_dim"], bool(r["causal"]), r["seqlen"])
+        data.setdefault(key, {})[r["impl"]] = r["tflops"]
+        if r["impl"] not in impls_peer: impls_peer.append(r["impl"])
+if not data:
+    print("summary: no bench.csv / peers.json results"); sys.exit(0)
+
+ours = next((i for i in impls_ours if i not in ("naive",)), None)
+cols = impls_ours + impls_peer
+print("TFLOP/s (bf16, 16k tokens, hidden 2048)%s" % ("; ratios are %s / peer" % ours if ours else ""))
+ratio_peers = [p for p in ("torch-flash", "torch-cudnn") if p in impls_peer]
+hdr = "%-4s %4s %-6s %6s " % ("pass", "d", "causal", "seqlen") + " ".join("%11s" % c[:11] for c in cols)
+hdr += "".join(" %11s" % ("/" + p.replace("torch-", "")) for p in ratio_peers if ours)
+print(hdr)
+wins = {}
+for key in sorted(data, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3])):
+    row = data[key]
+    line = "%-4s %4d %-6s %6d " % (key[0], key[1], "yes" if key[2] else "no", key[3])
+    line += " ".join("%11s" % (("%.1f" if row[c] >= 10 else "%.3g") % row[c] if c in row else "-") for c in cols)
+    for p in ratio_peers:
+        if ours and ours in row and p in row and row[p] > 0:
+            r = row[ours] / row[p]
+            line += " %11s" % ("%.2f" % r)
+            if p == "torch-flash" and key[3] >= 2048:
+                w = wins.setdefault(key[0], [0, 0]); w[1] += 1; w[0] += r >= 1.0
+        elif ours:
+            line += " %11s" % "-"
+    print(line)
+for p, (won, total) in sorted(wins.items()):
+    print("%s: %s >= torch-flash at %d of %d shapes with seqlen >= 2k" % (p, ours, won, total))
+EOF
+}
+
+cpu_table() {
+    "$PY" - "$EXTRA" <<'EOF'
+import csv, glob, json, os, sys
+extra = sys.argv[1]
+
+def field(row, *names):
+    for n in names:
+        for k, v in row.items():
+            if k and k.strip().lower() == n:
+                return v
+    return None
+
+res = {}  # (threads, causal, pass) -> {"ours": gflops, "torch": gflops}
+for path in glob.glob(os.path.join(extra, "cpu-ours-t*.csv")):
+    name = os.path.basename(path)[len("cpu-ours-t"):-4]
+    threads, causal = int(name.split("-")[0]), name.endswith("causal")
+    for r in csv.DictReader(open(path)):
+        if (field(r, "status") or "FA_OK").strip() != "FA_OK":
+            continue
+        try:
+            res.setdefault((threads, causal, (field(r, "pass", "direction") or "fwd").strip()), {})["ours"] = \
+                1e3 * float(field(r, "tflops", "tflop/s"))
+        except (TypeError, ValueError):
+            pass
+peer = os.path.join(extra, "cpu-peers.json")
+if os.path.exists(peer):
+    for r in json.load(open(peer)):
+        res.setdefault((r["threads"], bool(r["causal"]), r["pass"]), {})["torch"] = 1e3 * r["tflops"]
+print("CPU fp32 b1 h8 s2048 d128, GFLOP/s")
+print("%7s %6s %4s %9s %9s %6s" % ("threads", "causal", "pass", "ours", "torch", "ratio"))
+for k in sorted(res, key=lambda k: (k[0], k[1], k[2] != "fwd")):
+    o, t = res[k].get("ours"), res[k].get("torch")
+    print("%7d %6s %4s %9s %9s %6s" % (k[0], "yes" if k[1] else "no", k[2], "%.1f" % o if o else "-",
+          "%.1f" % t if t else "-", "%.2f" % (o / t) if o and t else "-"))
+EOF
+}
+
+# At most 8 files under $OUT: the extras always go into extras.tar, the plots too when there are too many.
+pack_outputs() {
+    if [ -d "$EXTRA" ]; then tar -C "$OUT" -cf "$OUT/extras.tar" extra && rm -rf "$EXTRA"; fi
+    if [ -d "$OUT/plots" ] && [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+        tar -C "$OUT" -rf "$OUT/extras.tar" plots && rm -rf "$OUT/plots"
+    fi
+}
+
+if [ "${PARTS[*]}" != summary ]; then
+    part_build || { pack_outputs; exit 1; }
+fi
+for p in "${PARTS[@]}"; do
+    case "$p" in
+    build) ;;
+    test) part_test ;;
+    sanitize) part_sanitize ;;
+    bench) part_bench ;;
+    cpu) part_cpu ;;
+    summary) ;;
+    esac
+done
+if [ -s "$OUT/bench.csv" ] || [ -s "$OUT/peers.json" ]; then
+    summary_table | tee -a "$OUT/bench.log"
+fi
+pack_outputs
+if [ ${#FAILED[@]} -gt 0 ]; then
+    note "device.sh: FAILED: ${FAILED[*]}"
+    exit 1
+fi
+note "device.sh: all parts passed (${PARTS[*]})"
