@@ -1,0 +1,184 @@
+/*
+ * fa3_fwd.cu - FlashAttention-3 forward for Hopper (sm_90a): what it supports, the tile configuration per
+ * problem, the tensor maps, and the dispatch to the per-head-dim launchers (the kernel is in fa3_fwd.cuh).
+ *
+ * Developer knobs (environment, for measuring the design steps): FLASHATTN_FA3_SCHEDULE = full | pingpong |
+ * overlap | plain picks the consumer schedule of head dim 128 (bf16); FLASHATTN_FA3_BLOCK_M = 128 | 192 the
+ * query tile of head dim 64; FLASHATTN_FA3_SCHEDULER = dynamic (tiles from the atomic counter) | static (round
+ * robin) | grid (one CTA per tile, not persistent); FLASHATTN_FA3_LAZY = 0 rescales O whenever a row max grows.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/fa3_fwd.cuh"
+
+/* Compiled in every pass; its binary version says whether this build carries sm_90a code. */
+__global__ void fa3_probe_kernel(void) {}
+
+static int fa3_has_sm90a_code(void) {
+    static int cached = -1; /* benign race: every thread computes the same value */
+    if (cached < 0) {
+        cudaFuncAttributes attr;
+        if (cudaFuncGetAttributes(&attr, (const void *)fa3_probe_kernel) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        cached = attr.binaryVersion == 90;
+    }
+    return cached;
+}
+
+static int aligned16(const void *ptr) {
+    return ((uintptr_t)ptr & 15u) == 0;
+}
+
+/* TMA needs byte strides that are positive multiples of 16 (elements: multiples of 8). */
+static int tma_stride_ok(int64_t stride_elems) {
+    return stride_elems > 0 && stride_elems % 8 == 0 && stride_elems < ((int64_t)1 << 38);
+}
+
+static fa_status check_tensor(const char *name, const fa_tensor *t, int dense, int batch, int heads) {
+    if (!aligned16(t->data)) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: %s is not 16-byte aligned", name);
+    if (!tma_stride_ok(t->stride_seq) || (heads > 1 && !tma_stride_ok(t->stride_head)) ||
+        (dense && batch > 1 && !tma_stride_ok(t->stride_batch)))
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "fa3 forward: the strides of %s (batch %lld, seq %lld, head %lld) are not positive "
+                       "multiples of 8 elements",
+                       name, (long long)t->stride_batch, (long long)t->stride_seq, (long long)t->stride_head);
+    return FA_OK;
+}
+
+extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device *dev) {
+    if (dev->cc_major != 9 || dev->cc_minor != 0)
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: needs compute capability 9.0 (device %d has %d.%d)",
+                       dev->ordinal, dev->cc_major, dev->cc_minor);
+    if (!fa3_has_sm90a_code())
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: this library was built without sm_90a code");
+    if (p->dtype != FA_F16 && p->dtype != FA_BF16)
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: dtype must be f16 or bf16");
+    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: head_dim %d (supported: 64, 128, 256)", p->head_dim);
+    if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: ALiBi is not supported");
+    if (!(p->softcap > 0.0f) && !(p->softmax_scale > 0.0f))
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: softmax_scale must be positive without softcap");
+    const int64_t tiles = (int64_t)((p->seqlen_q + fa3_block_m(p) - 1) / fa3_block_m(p)) *
+                          p->heads_q * p->batch;
+    if (tiles > ((int64_t)1 << 30))
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: %lld query tiles is too many", (long long)tiles);
+    const int dense = !fa_is_varlen(p);
+    if (dense ? (p->seqlen_q < 1 || p->seqlen_k < 1) : (p->total_q < 1 || p->total_k < 1))
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: empty Q or K tensor");
+    fa_status st;
+    if ((st = check_tensor("q", &p->q, dense, p->batch, p->heads_q)) != FA_OK) return st;
+    if ((st = check_tensor("k", &p->k, dense, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = check_tensor("v", &p->v, dense, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = check_tensor("o", &p->o, dense, p->batch, p->heads_q)) != FA_OK) return st;
+    return FA_OK;
+}
+
+/* The workspace holds the tile counter of the persistent grid. */
+extern "C" size_t fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
+    (void)p;
+    (void)dev;
+    return 256;
+}
+
+static int env_schedule(void) {
+    const char *s = getenv("FLASHATTN_FA3_SCHEDULE");
+    if (s == NULL) return FA3_SCHEDULE_DEFAULT;
+    if (strcmp(s, "full") == 0) return FA3_SCHEDULE_FULL;
+    if (strcmp(s, "pingpong") == 0) return FA3_SCHEDULE_PINGPONG;
+    if (strcmp(s, "overlap") == 0) return FA3_SCHEDULE_OVERLAP;
+    if (strcmp(s, "plain") == 0) return FA3_SCHEDULE_PLAIN;
+    return FA3_SCHEDULE_DEFAULT;
+}
+
+/* Key-block width: 128 for head dims 64 and 128 (176 measured slower: the wider S spills), 80 for 256 (two
+ * stages of K and V plus Q fill shared memory). */
+static int choose_block_n(const fa_params *p) {
+    return p->head_dim == 256 ? 80 : 128;
+}
+
+/* 5-D view {64, rows, head_dim / 64, heads, batch} of a (batch, rows, heads, head_dim) tensor. */
+static fa_status make_map(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int heads, int box_rows) {
+    const int dense = !fa_is_varlen(p);
+    const int64_t rows = t == &p->q || t == &p->o ? (dense ? p->seqlen_q : p->total_q)
+                                                   : (dense ? p->seqlen_k : p->total_k);
+    const int batch = dense ? p->batch : 1;
+    const uint64_t dims[5] = {64, (uint64_t)rows, (uint64_t)(p->head_dim / 64), (uint64_t)heads, (uint64_t)batch};
+    /* A dimension of extent 1 is never stepped; give it a stride TMA accepts whatever the caller passed. */
+    const uint64_t strides[4] = {(uint64_t)t->stride_seq * 2, 128,
+                                 heads > 1 ? (uint64_t)t->stride_head * 2 : 16,
+                                 batch > 1 ? (uint64_t)t->stride_batch * 2 : 16};
+    const uint32_t box[5] = {64, (uint32_t)box_rows, (uint32_t)(p->head_dim / 64), 1, 1};
+    return fa3_tensor_map(map, p->dtype, t->data, dims, strides, box);
+}
+
+extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace,
+                                 cudaStream_t stream) {
+    fa_status st = fa3_fwd_supported(p, dev);
+    if (st != FA_OK) return st;
+
+    const int window_right = p->causal ? 0 : p->window_right;
+    const int schedule = env_schedule();
+    const int block_n = choose_block_n(p);
+    const int block_m = fa3_block_m(p);
+
+    fa3_problem pr;
+    memset(&pr, 0, sizeof pr);
+    fa3_args *a = &pr.args;
+    a->seqlen_q = p->seqlen_q;
+    a->seqlen_k = p->seqlen_k;
+    a->heads_q = p->heads_q;
+    a->group = p->heads_q / p->heads_kv;
+    a->num_m_blocks = (p->seqlen_q + block_m - 1) / block_m;
+    a->reverse_m = window_right >= 0;
+    a->cu_q = p->cu_seqlens_q;
+    a->cu_k = p->cu_seqlens_k;
+    const float log2e = 1.4426950408889634f;
+    if (p->softcap > 0.0f) {
+        a->softcap_pre = p->softmax_scale / p->softcap;
+        a->scale_log2 = p->softcap * log2e;
+    } else {
+        a->softcap_pre = 0.0f;
+        a->scale_log2 = p->softmax_scale * log2e;
+    }
+    /* P may reach 2^8 before the max is moved (see fa3_softmax); FLASHATTN_FA3_LAZY = 0 moves it on any growth. */
+    const char *lazy = getenv("FLASHATTN_FA3_LAZY");
+    a->max_slack = lazy != NULL && strcmp(lazy, "0") == 0 ? 0.0f : 8.0f / a->scale_log2;
+    a->window_left = p->window_left;
+    a->window_right = window_right;
+    a->lse = p->lse;
+    a->total_q = p->total_q;
+    a->o = p->o.data;
+    a->o_stride_batch = p->o.stride_batch;
+    a->o_stride_seq = p->o.stride_seq;
+    a->o_stride_head = p->o.stride_head;
+    a->num_tiles = a->num_m_blocks * p->heads_q * p->batch;
+    if (a->num_tiles == 0) return FA_OK;
+    pr.grid = a->num_tiles < dev->sm_count ? a->num_tiles : dev->sm_count;
+    /* Head dim 256 under a causal mask measured faster with one CTA per tile (the hardware schedules): there O
+     * is staged in the Q tiles, so a persistent CTA's next Q cannot land before its epilogue is done. */
+    const char *sched = getenv("FLASHATTN_FA3_SCHEDULER");
+    const int one_cta_per_tile = sched != NULL ? strcmp(sched, "grid") == 0 : p->head_dim == 256 && window_right >= 0;
+    if (one_cta_per_tile) {
+        pr.grid = a->num_tiles; /* one CTA per tile, in tile order: the hardware schedules */
+    } else if (workspace != NULL && !(sched != NULL && strcmp(sched, "static") == 0)) {
+        a->tile_counter = (int *)workspace;
+        cudaError_t err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
+        if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: clearing the tile counter");
+    }
+
+    if ((st = make_map(&pr.tm_q, p, &p->q, p->heads_q, 64)) != FA_OK) return st;
+    if ((st = make_map(&pr.tm_k, p, &p->k, p->heads_kv, block_n)) != FA_OK) return st;
+    if ((st = make_map(&pr.tm_v, p, &p->v, p->heads_kv, block_n)) != FA_OK) return st;
+    if ((st = make_map(&pr.tm_o, p, &p->o, p->heads_q, 64)) != FA_OK) return st;
+
+    const int bf16 = p->dtype == FA_BF16;
+    switch (p->head_dim) {
+    case 64: return fa3_run_hdim64(&pr, bf16, block_m, schedule, stream);
+    case 128: return fa3_run_hdim128(&pr, bf16, block_n, schedule, stream);
+    case 256: return fa3_run_hdim256(&pr, bf16, block_n, schedule, stream);
+    default: return fa_fail(FA_ERR_INTERNAL, "fa3 forward: no launcher for head_dim %d", p->head_dim);
+    }
+}

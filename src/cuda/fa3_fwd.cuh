@@ -1,0 +1,758 @@
+/*
+ * fa3_fwd.cuh - the FlashAttention-3 forward kernel for Hopper (sm_90a) and its launcher, included by the
+ * per-head-dim instantiation files fa3_fwd_hdim*.cu.
+ *
+ * A persistent grid (one CTA per SM) walks tiles of kBlockM = 64 * NWG query rows of one (batch, head); tiles
+ * come from an atomic counter (or round robin) in head-major order, query blocks from the last under a causal
+ * mask (the longest first). In a CTA:
+ *   warpgroup 0  producer: one thread fetches the next tile index and issues TMA loads of Q (once per tile)
+ *                and of K and V blocks into a STAGES-deep ring; each load completes on a "full" mbarrier with
+ *                expected transaction bytes, and a slot is refilled once the consumers have arrived on its
+ *                "empty" mbarrier. The ring runs on across tiles, so the next tile's first K block and Q are
+ *                in flight while the consumers finish the current one.
+ *   warpgroups 1..NWG  consumers: 64 query rows each. S = Q K^T with wgmma from shared memory, online softmax
+ *                on the accumulator fragment, P converted in registers to the A operand of O += P V (wgmma
+ *                with V from shared memory, MN-major). setmaxnreg moves registers from producer to consumers.
+ *   OVERLAP      the next block's Q K^T is issued before the current block's softmax (two-stage pipeline
+ *                inside a warpgroup).
+ *   PINGPONG     named barriers order the GEMM issue of the consumer warpgroups round robin, so that one
+ *                warpgroup's softmax runs while another's GEMMs occupy the tensor cores.
+ * Epilogue: O / l converted to 16 bits into shared memory (swizzled as TMA expects: a buffer of its own where
+ * shared memory allows, else the warpgroup's Q tile) and written with a TMA store; varlen tiles that reach past
+ * their sequence store rows directly so that the next sequence's rows are never touched. LSE is written from
+ * registers.
+ *
+ * Shared-memory tiles are [D / 64 slabs][rows][64 elements] with the 128-byte swizzle, each 1024-byte aligned.
+ * Tensor maps are 5-D {64, rows, D / 64, heads, batch} (batch = 1 and rows = packed tokens for varlen), so
+ * one TMA moves a whole [rows x D] tile.
+ */
+#ifndef FLASHATTN_CUDA_FA3_FWD_CUH
+#define FLASHATTN_CUDA_FA3_FWD_CUH
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+#include "cuda/fa3_wgmma.cuh"
+#include "cuda/hopper.cuh"
+#include "cuda/kernels.h"
+
+/* What the kernel needs besides the tensor maps. */
+struct fa3_args {
+    int seqlen_q, seqlen_k; /* dense lengths; varlen: unused (read from cu_q / cu_k) */
+    int heads_q;
+    int group;        /* heads_q / heads_kv */
+    int num_m_blocks; /* query blocks per (batch, head) */
+    int reverse_m;    /* 1: a head's tiles take its query blocks from the last (the longest under a causal mask) */
+    const int32_t *cu_q, *cu_k;
+    float scale_log2;  /* multiplies S (or tanh(S * softcap_pre) with softcap) inside exp2 */
+    float softcap_pre; /* softmax_scale / softcap; 0 without softcap */
+    float max_slack;   /* how far (in units of S) a row max may grow before O is rescaled: 8 / scale_log2 */
+    int window_left, window_right;
+    float *lse;
+    int64_t total_q;
+    void *o; /* for the direct stores of varlen boundary tiles and of tiles that see no key */
+    int64_t o_stride_batch, o_stride_seq, o_stride_head;
+    int num_tiles;     /* num_m_blocks * heads_q * batch */
+    int *tile_counter; /* zeroed before the launch; NULL: tiles are dealt round robin */
+};
+
+/* A launch: tensor maps, arguments and grid. */
+struct fa3_problem {
+    CUtensorMap tm_q, tm_k, tm_v, tm_o;
+    fa3_args args;
+    int grid; /* CTAs: min(tiles, SMs), or one per tile */
+};
+
+/* Schedules (FLASHATTN_FA3_SCHEDULE, for measuring the design steps; bf16 only, f16 runs the default): */
+enum {
+    FA3_SCHEDULE_DEFAULT  = -1, /* what the head dim's launcher picks */
+    FA3_SCHEDULE_FULL     = 0, /* intra-warpgroup overlap + ping-pong */
+    FA3_SCHEDULE_PINGPONG = 1, /* ping-pong only */
+    FA3_SCHEDULE_OVERLAP  = 2, /* intra-warpgroup overlap only */
+    FA3_SCHEDULE_PLAIN    = 3  /* warp specialization only */
+};
+
+/* Per head dim launchers (fa3_fwd_hdim*.cu): the tile shape (block_m for head dim 64, block_n otherwise) and the
+ * schedule (FA3_SCHEDULE_*) pick the instantiation. */
+fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int schedule, cudaStream_t stream);
+fa_status fa3_run_hdim128(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
+fa_status fa3_run_hdim256(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
+
+/* Tensor map of a 5-D tiled view with the 128-byte swizzle (tensor_map.cu); cached, thread-safe. */
+fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, const uint64_t dims[5],
+                         const uint64_t strides_bytes[4], const uint32_t box[5]);
+
+template <int D, int BN, int NWG, int STAGES>
+struct fa3_cfg {
+    static constexpr int kBlockM   = 64 * NWG;
+    static constexpr int kThreads  = 128 * (NWG + 1);
+    static constexpr int kQBytes   = 64 * D * 2; /* one consumer warpgroup's Q (and O) tile */
+    static constexpr int kKVBytes  = BN * D * 2; /* one K or V stage */
+    static constexpr int kQSlab    = 64 * 128;   /* bytes between the 64-column slabs of a Q tile */
+    static constexpr int kKVSlab   = BN * 128;
+    /* Barriers: Q full/empty per consumer warpgroup, K and V full/empty per stage, tile index full/empty x 2,
+     * V ready per stage (varlen); then the two tile indices and the valid-row count of each V stage. */
+    static constexpr int kBarBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8;
+    /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
+     * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
+    static constexpr int kOffK = NWG * kQBytes;
+    static constexpr int kOffV = kOffK + STAGES * kKVBytes;
+    static constexpr int kOffO = kOffV + STAGES * kKVBytes;
+    static constexpr bool kSeparateO = kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
+    static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
+    static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
+    /* Register split: 24 + 2 x 240 or 40 + 2 x 232 = 3 x 168 (384 threads), 32 + 3 x 160 = 4 x 128 (512). With
+     * two consumer warpgroups the producer gets 40 registers (its tile loop spills in 24) unless the consumers
+     * need the full 240 (head dim 256). */
+    static constexpr int kRegsProducer = NWG == 3 ? 32 : (BN > 128 || D > 128 ? 24 : 40);
+    static constexpr int kRegsConsumer = NWG == 3 ? 160 : (504 - kRegsProducer) / 2;
+    static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
+    static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
+};
+
+/* Named barrier ids: 0 is __syncthreads; 1..NWG order GEMM issue (ping-pong); then one per consumer
+ * warpgroup for its epilogue. */
+#define FA3_BAR_PINGPONG 1
+
+/* Where one tile lies: query rows [m0, m0 + kBlockM) of (b, h), key blocks [n_min, n_min + nblocks). */
+struct fa3_tile {
+    int m0, h, b;
+    int len_q, len_k, tok_q, tok_k;
+    int row_last; /* last query row of the tile inside the sequence */
+    int n_min, nblocks;
+};
+
+/* Decodes tile index -> (b, h, query block) in head-major order, the query blocks of a head from the last when
+ * reverse_m; false when the block starts past its (varlen) sequence. The producer and the consumers call this
+ * with the same index and so agree on everything. */
+template <int BM, int BN>
+static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile, fa3_tile &g) {
+    const int bh = tile / a.num_m_blocks, mi = tile - bh * a.num_m_blocks;
+    const int m_block = a.reverse_m ? a.num_m_blocks - 1 - mi : mi;
+    g.h = bh % a.heads_q;
+    g.b = bh / a.heads_q;
+    g.len_q = a.seqlen_q;
+    g.len_k = a.seqlen_k;
+    g.tok_q = g.tok_k = 0;
+    if (a.cu_q != nullptr) {
+        g.tok_q = a.cu_q[g.b];
+        g.tok_k = a.cu_k[g.b];
+        g.len_q = a.cu_q[g.b + 1] - g.tok_q;
+        g.len_k = a.cu_k[g.b + 1] - g.tok_k;
+    }
+    g.m0 = m_block * BM;
+    if (g.m0 >= g.len_q) return false;
+    const int off = g.len_k - g.len_q; /* query i sits at key position i + off */
+    g.row_last = min(g.m0 + BM, g.len_q) - 1;
+    long long key_hi = g.len_k, key_lo = 0;
+    if (a.window_right >= 0) key_hi = min(key_hi, (long long)g.row_last + off + a.window_right + 1);
+    if (a.window_left >= 0) key_lo = max(key_lo, (long long)g.m0 + off - a.window_left);
+    g.n_min = 0;
+    g.nblocks = 0;
+    if (key_hi > key_lo) {
+        g.n_min = (int)(key_lo / BN);
+        g.nblocks = (int)((key_hi + BN - 1) / BN) - g.n_min;
+    }
+    return true;
+}
+
+/* Key blocks n with n_lo <= n < n_hi need no mask: they end inside len_k and inside the window of every row of
+ * the tile. The others (the ragged last block, the diagonal, the window edges) are masked. */
+template <int BN>
+static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const fa3_tile &g, int &n_lo, int &n_hi) {
+    const long long off = g.len_k - g.len_q;
+    long long hi = g.len_k / BN;
+    if (a.window_right >= 0) {
+        const long long t = g.m0 + off + a.window_right + 1;
+        hi = min(hi, t <= 0 ? 0 : t / BN);
+    }
+    long long lo = 0;
+    if (a.window_left >= 0) {
+        const long long t = g.row_last + off - a.window_left;
+        lo = t <= 0 ? 0 : (t + BN - 1) / BN;
+    }
+    n_lo = (int)lo;
+    n_hi = (int)hi;
+}
+
+#if FA_SM90A
+
+template <bool BF16>
+static __device__ __forceinline__ uint32_t fa3_pack(float lo, float hi) {
+    uint32_t r;
+    if (BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        r = *reinterpret_cast<uint32_t *>(&v);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        r = *reinterpret_cast<uint32_t *>(&v);
+    }
+    return r;
+}
+
+/* S = Q K^T for one key block: D / 16 wgmma steps along the head dim. */
+template <int D, int BN, bool BF16>
+static __device__ __forceinline__ void fa3_issue_qk(float (&s)[BN / 2], uint64_t desc_q, uint64_t desc_k) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+    hp_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off_q = ((kk / 4) * 64 * 128 + (kk % 4) * 32) >> 4;
+        const uint32_t off_k = ((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4;
+        fa3_wgmma_ss<BN, BF16>(s, desc_q + off_q, desc_k + off_k, kk > 0);
+    }
+    hp_wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+}
+
+/* O += P V for one key block: BN / 16 wgmma steps along the keys, P from registers. */
+template <int D, int BN, bool BF16>
+static __device__ __forceinline__ void fa3_issue_pv(float (&o)[D / 2], uint32_t (&p)[BN / 4], uint64_t desc_v) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) hp_fence_reg(o[i]);
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) hp_fence_reg(p[i]);
+    hp_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        fa3_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                              desc_v + (uint32_t)((kk * 2048) >> 4), 1);
+    hp_wgmma_commit();
+}
+
+/* After the wait that completes a P V: the accumulators may be read again and P may be overwritten. Keeping P
+ * live until here also keeps the register allocator from reusing P's registers (which the tensor cores are
+ * still reading) before the wait. */
+template <int D, int BN>
+static __device__ __forceinline__ void fa3_pv_done(float (&o)[D / 2], uint32_t (&p)[BN / 4]) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) hp_fence_reg(o[i]);
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) hp_fence_reg(p[i]);
+}
+
+/* Sets S to -inf where key (n0 + col) is not visible to the thread's two rows (row0, row0 + 8). */
+template <int BN>
+static __device__ __forceinline__ void fa3_mask(float (&s)[BN / 2], int n0, int row0, int quad, int len_k,
+                                                int off, int window_left, int window_right) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const long long r = (long long)row0 + 8 * h + off;
+        long long hi = len_k, lo = 0;
+        if (window_right >= 0 && r + window_right + 1 < hi) hi = r + window_right + 1;
+        if (window_left >= 0 && r - window_left > lo) lo = r - window_left;
+        const long long base = (long long)n0 + 2 * quad;
+        hi -= base;
+        lo -= base;
+        const int hi_c = hi < -1 ? -1 : (hi > BN ? BN : (int)hi);
+        const int lo_c = lo < 0 ? 0 : (lo > BN ? BN : (int)lo);
+#pragma unroll
+        for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * c + e;
+                if (col >= hi_c || col < lo_c) s[e + 2 * h + 4 * c] = -INFINITY;
+            }
+    }
+}
+
+/* Online softmax on one block of S (in place: S becomes P). m holds the max that P is taken against, per row,
+ * l the thread's partial row sums. The max is only moved (and O must then be rescaled by factor) when some row
+ * of the warp has grown by more than `slack` (in units of S; 8 in the exponent of 2): until then P may reach 2^8,
+ * harmless in fp32 and in the 16-bit P, and most blocks skip the rescale of O. Returns whether the warp moved
+ * its max (the same for the whole warp). */
+template <int BN>
+static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
+                                                   float (&factor)[2], float scale_log2, float slack) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], fmaxf(s[4 * c + 2 * h], s[4 * c + 2 * h + 1]));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+    /* mx > m + slack is also true when m is -inf (no key seen yet) and mx is not. */
+    const bool move = __any_sync(0xffffffffu, mx[0] > m[0] + slack || mx[1] > m[1] + slack);
+    float neg_max[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (move) {
+            const float use = mx[h] == -INFINITY ? 0.0f : mx[h]; /* a row that has seen no key yet */
+            factor[h] = hp_exp2((m[h] - use) * scale_log2);
+            m[h] = mx[h];
+        } else {
+            factor[h] = 1.0f;
+        }
+        neg_max[h] = -(m[h] == -INFINITY ? 0.0f : m[h]) * scale_log2;
+    }
+    float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float &x = s[4 * c + 2 * h + e];
+                x = hp_exp2(fmaf(x, scale_log2, neg_max[h]));
+                sum[h][c & 1] += x;
+            }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * factor[h] + (sum[h][0] + sum[h][1]);
+    return move;
+}
+
+template <int D>
+static __device__ __forceinline__ void fa3_rescale(float (&o)[D / 2], const float (&factor)[2]) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= factor[(i >> 1) & 1];
+}
+
+template <int BN, bool BF16>
+static __device__ __forceinline__ void fa3_convert_p(const float (&s)[BN / 2], uint32_t (&p)[BN / 4]) {
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) p[i] = fa3_pack<BF16>(s[2 * i], s[2 * i + 1]);
+}
+
+static __device__ __forceinline__ void fa3_release(uint32_t bar, int lane) {
+    if (lane == 0) hp_mbar_arrive(bar);
+}
+
+/* Softcap, mask and online softmax of one key block n, in place; pinned before whatever follows (without the
+ * register fences the compiler may sink the softmax past the next wgmma wait). */
+struct fa3_mask_info {
+    int n_lo, n_hi; /* blocks outside [n_lo, n_hi) are masked */
+    int len_k, off; /* key count, and where query 0 sits among the keys */
+};
+
+template <int BN>
+static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
+                                                  float (&factor)[2], const fa3_args &a, const fa3_mask_info &mi,
+                                                  int n, int row0, int quad) {
+    if (a.softcap_pre != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * a.softcap_pre);
+    }
+    if (n < mi.n_lo || n >= mi.n_hi)
+        fa3_mask<BN>(s, n * BN, row0, quad, mi.len_k, mi.off, a.window_left, a.window_right);
+    const bool move = fa3_softmax<BN>(s, m, l, factor, a.scale_log2, a.max_slack);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+    hp_fence_reg(factor[0]);
+    hp_fence_reg(factor[1]);
+    hp_fence_reg(l[0]);
+    hp_fence_reg(l[1]);
+    return move;
+}
+
+/* O / l in 16 bits into a swizzled [D / 64][64][64] shared tile (what the O tensor map's TMA store reads). */
+template <int D, bool BF16>
+static __device__ __forceinline__ void fa3_o_to_smem(const float (&o)[D / 2], const float (&inv)[2], uint32_t s_o,
+                                                     int warp, int lane) {
+    const int quad = lane % 4;
+#pragma unroll
+    for (int cc = 0; cc < D / 8; ++cc)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = 16 * warp + lane / 4 + 8 * hh;
+            const uint32_t addr = s_o + (cc / 8) * (64 * 128) + r * 128 + (((cc % 8) ^ (r % 8)) << 4) + 4 * quad;
+            const uint32_t v = fa3_pack<BF16>(o[4 * cc + 2 * hh] * inv[hh], o[4 * cc + 2 * hh + 1] * inv[hh]);
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+        }
+}
+
+/* O / l straight to global memory, rows < len_q only. */
+template <int D, bool BF16>
+static __device__ __forceinline__ void fa3_o_to_global(const float (&o)[D / 2], const float (&inv)[2],
+                                                       const fa3_args &a, const fa3_tile &g, int row0, int quad) {
+    uint16_t *obase = (uint16_t *)a.o + (a.cu_q != nullptr ? (int64_t)g.tok_q * a.o_stride_seq
+                                                           : (int64_t)g.b * a.o_stride_batch) +
+                      (int64_t)g.h * a.o_stride_head + 2 * quad;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = row0 + 8 * hh;
+        if (r < g.len_q) {
+            uint16_t *orow = obase + (int64_t)r * a.o_stride_seq;
+#pragma unroll
+            for (int cc = 0; cc < D / 8; ++cc)
+                *(uint32_t *)(orow + 8 * cc) =
+                    fa3_pack<BF16>(o[4 * cc + 2 * hh] * inv[hh], o[4 * cc + 2 * hh + 1] * inv[hh]);
+        }
+    }
+}
+
+/* The K/V ring as a consumer warpgroup walks it. */
+struct fa3_ring {
+    uint32_t s_k, s_v; /* stage 0 of K and of V */
+    uint32_t k_full, k_empty, v_full, v_empty; /* v_full: where the consumers wait for V (full or ready) */
+};
+
+/* Ping-pong: a consumer warpgroup waits for its turn to issue GEMMs, and passes the turn on after issuing. */
+template <bool PINGPONG>
+static __device__ __forceinline__ void fa3_pp_sync(int c) {
+    if (PINGPONG) hp_bar_sync(FA3_BAR_PINGPONG + c, 256);
+}
+template <bool PINGPONG, int NWG>
+static __device__ __forceinline__ void fa3_pp_arrive(int c, bool last_round) {
+    /* The last warpgroup's final arrival of a tile would have no matching sync: it is dropped. */
+    if (PINGPONG && !(last_round && c == NWG - 1)) hp_bar_arrive(FA3_BAR_PINGPONG + (c + 1) % NWG, 256);
+}
+
+/* One steady-state block i of the overlapped schedule: issue S = Q K(i)^T and O += P(i - 1) V(i - 1); softmax of
+ * S(i) while P V runs; then retire P V, rescale O if the max moved, and convert S(i) into P for the next block.
+ * (Converting before the wait, into a second P buffer, would take P V's registers off the critical path, but
+ * ptxas gives the second buffer the in-flight registers of the first and waits anyway.) */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG>
+static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, uint64_t desc_q,
+                                                        float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
+                                                        float (&m)[2], float (&l)[2], const fa3_args &a,
+                                                        const fa3_mask_info &mi, int n_min, int row0, int lane,
+                                                        int c) {
+    constexpr int kKV = BN * D * 2;
+    const int j = kv + i, st = j % STAGES, sp = (j - 1) % STAGES;
+    fa3_pp_sync<PINGPONG>(c); /* K(i) has landed: waited for one block earlier */
+    fa3_issue_qk<D, BN, BF16>(s, desc_q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
+    hp_mbar_wait(r.v_full + 8 * sp, ((j - 1) / STAGES) & 1);
+    fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + sp * kKV, BN * 128, 1024));
+    fa3_pp_arrive<PINGPONG, NWG>(c, false);
+    hp_wgmma_wait<1>();
+#pragma unroll
+    for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
+    fa3_release(r.k_empty + 8 * st, lane);
+    float factor[2];
+    const bool move = fa3_scores<BN>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
+    /* Waiting for the next K block here (it is needed next anyway) puts a loop between the softmax and the
+     * wait below; otherwise ptxas hoists that wait above the softmax and P V(i - 1) no longer overlaps it. */
+    if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * ((j + 1) % STAGES), ((j + 1) / STAGES) & 1);
+    hp_wgmma_wait<0>();
+    fa3_pv_done<D, BN>(o, p);
+    fa3_release(r.v_empty + 8 * sp, lane);
+    if (move) fa3_rescale<D>(o, factor);
+    fa3_convert_p<BN, BF16>(s, p);
+}
+
+/* The last P V of a tile (overlapped schedule). */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG>
+static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa3_ring &r, float (&o)[D / 2],
+                                                        uint32_t (&p)[BN / 4], int lane, int c) {
+    const int j = kv + nb - 1, sl = j % STAGES;
+    hp_mbar_wait(r.v_full + 8 * sl, (j / STAGES) & 1);
+    fa3_pp_sync<PINGPONG>(c);
+    fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + sl * (BN * D * 2), BN * 128, 1024));
+    fa3_pp_arrive<PINGPONG, NWG>(c, true);
+    hp_wgmma_wait<0>();
+    fa3_pv_done<D, BN>(o, p);
+    fa3_release(r.v_empty + 8 * sl, lane);
+}
+
+#endif /* FA_SM90A */
+
+extern __shared__ __align__(1024) uint8_t fa3_smem[];
+
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1)
+    fa3_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
+                   const __grid_constant__ fa3_args a) {
+#if FA_SM90A
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    constexpr int BM = C::kBlockM;
+
+    uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
+    const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV;
+    const uint32_t s_obuf = s_q + C::kOffO; /* the O tiles, when kSeparateO */
+    const uint32_t bar_q_full = s_q + C::kOffBar, bar_q_empty = bar_q_full + NWG * 8;
+    const uint32_t bar_k_full = bar_q_empty + NWG * 8, bar_k_empty = bar_k_full + STAGES * 8;
+    const uint32_t bar_v_full = bar_k_empty + STAGES * 8, bar_v_empty = bar_v_full + STAGES * 8;
+    const uint32_t bar_tile_full = bar_v_empty + STAGES * 8, bar_tile_empty = bar_tile_full + 16;
+    const uint32_t bar_v_ready = bar_tile_empty + 16;
+    volatile int *tile_ids = (volatile int *)(smem + (bar_v_ready + STAGES * 8 - s_q));
+    volatile int *v_valid = tile_ids + 2; /* rows of each V stage inside the sequence; -1: no more blocks */
+    const bool varlen = a.cu_q != nullptr;
+    /* In a varlen batch the rows of a V block past its sequence belong to the next sequence or to the padding
+     * after the last one, which may hold anything (NaN): 0 * NaN in P V would poison O. There the second
+     * producer warp zeroes those rows after the TMA lands and the consumers wait for it (V "ready") instead of
+     * for the TMA (V "full"); past len_k inside the tensor TMA's own zero fill does the same for dense batches. */
+    const uint32_t bar_v_wait = varlen ? bar_v_ready : bar_v_full;
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NWG; ++i) {
+            hp_mbar_init(bar_q_full + 8 * i, 1);
+            hp_mbar_init(bar_q_empty + 8 * i, 4); /* one arrival per warp of the warpgroup */
+        }
+        for (int i = 0; i < STAGES; ++i) {
+            hp_mbar_init(bar_k_full + 8 * i, 1);
+            hp_mbar_init(bar_v_full + 8 * i, 1);
+            hp_mbar_init(bar_k_empty + 8 * i, 4 * NWG); /* one arrival per consumer warp */
+            hp_mbar_init(bar_v_empty + 8 * i, 4 * NWG);
+        }
+        for (int i = 0; i < 2; ++i) {
+            hp_mbar_init(bar_tile_full + 8 * i, 1);
+            hp_mbar_init(bar_tile_empty + 8 * i, 4 * NWG);
+        }
+        for (int i = 0; i < STAGES; ++i) hp_mbar_init(bar_v_ready + 8 * i, 1);
+        hp_fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        hp_setmaxnreg_dec<C::kRegsProducer>();
+        if (threadIdx.x == 0) {
+            hp_prefetch_tensor_map(&tm_q);
+            hp_prefetch_tensor_map(&tm_k);
+            hp_prefetch_tensor_map(&tm_v);
+            int tile = blockIdx.x, kv = 0, q_loads = 0;
+            for (int k = 0;; ++k) {
+                /* Publish the tile index (double-buffered) to the consumers. */
+                const int slot = k & 1;
+                hp_mbar_wait(bar_tile_empty + 8 * slot, ((k >> 1) & 1) ^ 1);
+                tile_ids[slot] = tile;
+                hp_mbar_arrive(bar_tile_full + 8 * slot);
+                if (tile >= a.num_tiles) break;
+                const int next =
+                    a.tile_counter != nullptr ? (int)gridDim.x + atomicAdd(a.tile_counter, 1) : tile + (int)gridDim.x;
+                fa3_tile g;
+                if (fa3_tile_get<BM, BN>(a, tile, g) && g.nblocks > 0) {
+                    const int bq = varlen ? 0 : g.b, hk = g.h / a.group;
+                    /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
+                     * The first K block goes before Q, which may wait for the previous tile's epilogue. */
+                    for (int i = 0; i <= g.nblocks; ++i) {
+                        if (i < g.nblocks) {
+                            const int j = kv + i, st = j % STAGES;
+                            hp_mbar_wait(bar_k_empty + 8 * st, ((j / STAGES) & 1) ^ 1);
+                            hp_mbar_arrive_expect_tx(bar_k_full + 8 * st, C::kKVBytes);
+                            hp_tma_load_5d(s_k + st * C::kKVBytes, &tm_k, bar_k_full + 8 * st, 0,
+                                           g.tok_k + (g.n_min + i) * BN, 0, hk, bq);
+                        }
+                        if (i == 0) {
+                            for (int w = 0; w < NWG; ++w) {
+                                hp_mbar_wait(bar_q_empty + 8 * w, (q_loads & 1) ^ 1);
+                                hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
+                                hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
+                                               g.tok_q + g.m0 + 64 * w, 0, g.h, bq);
+                            }
+                            ++q_loads;
+                        } else {
+                            const int j = kv + i - 1, st = j % STAGES;
+                            hp_mbar_wait(bar_v_empty + 8 * st, ((j / STAGES) & 1) ^ 1);
+                            v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
+                            hp_mbar_arrive_expect_tx(bar_v_full + 8 * st, C::kKVBytes);
+                            hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bar_v_full + 8 * st, 0,
+                                           g.tok_k + (g.n_min + i - 1) * BN, 0, hk, bq);
+                        }
+                    }
+                    kv += g.nblocks;
+                }
+                tile = next;
+            }
+            if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
+                const int st = kv % STAGES;
+                hp_mbar_wait(bar_v_empty + 8 * st, ((kv / STAGES) & 1) ^ 1);
+                v_valid[st] = -1;
+                hp_mbar_arrive(bar_v_full + 8 * st);
+            }
+        } else if (varlen && threadIdx.x / 32 == 1) {
+            /* The V fixer: every V block in ring order; zero the rows past the sequence, then mark it ready. */
+            const int lane = threadIdx.x % 32;
+            for (int j = 0;; ++j) {
+                const int st = j % STAGES;
+                hp_mbar_wait(bar_v_full + 8 * st, (j / STAGES) & 1);
+                const int valid = v_valid[st];
+                if (valid < 0) break;
+                if (valid < BN) {
+                    const uint32_t base = s_v + st * C::kKVBytes;
+                    const int per_slab = (BN - valid) * 8; /* 16-byte chunks of the dead rows of one 64-column slab */
+                    for (int x = lane; x < per_slab * (D / 64); x += 32) {
+                        const int slab = x / per_slab, rem = x - slab * per_slab;
+                        const uint32_t addr = base + slab * C::kKVSlab + (valid + rem / 8) * 128 + (rem % 8) * 16;
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
+                    }
+                    hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote */
+                }
+                __syncwarp();
+                if (lane == 0) hp_mbar_arrive(bar_v_ready + 8 * st);
+            }
+        }
+    } else {
+        hp_setmaxnreg_inc<C::kRegsConsumer>();
+        const int c = wg - 1;
+        const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32, quad = lane % 4;
+        const uint64_t desc_q = hp_desc_sw128(s_q + c * C::kQBytes, 16, 1024);
+        int kv = 0, q_uses = 0;
+
+        for (int k = 0;; ++k) {
+            const int slot = k & 1;
+            hp_mbar_wait(bar_tile_full + 8 * slot, (k >> 1) & 1);
+            const int tile = tile_ids[slot];
+            __syncwarp();
+            fa3_release(bar_tile_empty + 8 * slot, lane);
+            if (tile >= a.num_tiles) break;
+            fa3_tile g;
+            if (!fa3_tile_get<BM, BN>(a, tile, g)) continue;
+            const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4; /* the thread's rows: row0 and row0 + 8 */
+            const int nb = g.nblocks, n_min = g.n_min;
+            fa3_mask_info mi;
+            fa3_mask_range<BN>(a, g, mi.n_lo, mi.n_hi);
+            mi.len_k = g.len_k;
+            mi.off = g.len_k - g.len_q;
+
+            float o[D / 2];
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+            float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+            if (nb > 0) {
+                const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty};
+                float s[BN / 2];
+                uint32_t p[BN / 4];
+                float factor[2];
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+                /* Ping-pong: the last warpgroup hands warpgroup 0 the first turn. */
+                if (PINGPONG && c == NWG - 1) hp_bar_arrive(FA3_BAR_PINGPONG, 256);
+
+                hp_mbar_wait(bar_q_full + 8 * c, q_uses & 1);
+                if (OVERLAP) {
+                    const int st0 = kv % STAGES;
+                    hp_mbar_wait(bar_k_full + 8 * st0, (kv / STAGES) & 1);
+                    fa3_pp_sync<PINGPONG>(c);
+                    fa3_issue_qk<D, BN, BF16>(s, desc_q, hp_desc_sw128(s_k + st0 * C::kKVBytes, 16, 1024));
+                    fa3_pp_arrive<PINGPONG, NWG>(c, false);
+                    hp_wgmma_wait<0>();
+#pragma unroll
+                    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+                    fa3_release(bar_k_empty + 8 * st0, lane);
+                    fa3_scores<BN>(s, m, l, factor, a, mi, n_min, row0, quad);
+                    fa3_convert_p<BN, BF16>(s, p);
+                    if (nb > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
+#pragma unroll 1
+                    for (int i = 1; i < nb; ++i)
+                        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG>(i, nb, kv, r, desc_q, s, o, p, m, l, a, mi,
+                                                                            n_min, row0, lane, c);
+                    /* Every Q K^T of the tile has completed. */
+                    if (C::kSeparateO) fa3_release(bar_q_empty + 8 * c, lane);
+                    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG>(nb, kv, r, o, p, lane, c);
+                } else {
+#pragma unroll 1
+                    for (int i = 0; i < nb; ++i) {
+                        const int j = kv + i, st = j % STAGES;
+                        const uint32_t parity = (j / STAGES) & 1;
+                        hp_mbar_wait(bar_k_full + 8 * st, parity);
+                        fa3_pp_sync<PINGPONG>(c);
+                        fa3_issue_qk<D, BN, BF16>(s, desc_q, hp_desc_sw128(s_k + st * C::kKVBytes, 16, 1024));
+                        fa3_pp_arrive<PINGPONG, NWG>(c, false);
+                        hp_wgmma_wait<0>();
+#pragma unroll
+                        for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
+                        fa3_release(bar_k_empty + 8 * st, lane);
+                        if (C::kSeparateO && i == nb - 1) fa3_release(bar_q_empty + 8 * c, lane);
+                        if (fa3_scores<BN>(s, m, l, factor, a, mi, n_min + i, row0, quad)) fa3_rescale<D>(o, factor);
+                        fa3_convert_p<BN, BF16>(s, p);
+                        hp_mbar_wait(bar_v_wait + 8 * st, parity);
+                        fa3_pp_sync<PINGPONG>(c);
+                        fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(s_v + st * C::kKVBytes, C::kKVSlab, 1024));
+                        fa3_pp_arrive<PINGPONG, NWG>(c, i == nb - 1);
+                        hp_wgmma_wait<0>();
+                        fa3_pv_done<D, BN>(o, p);
+                        fa3_release(bar_v_empty + 8 * st, lane);
+                    }
+                }
+            }
+
+            /* The geometry again rather than kept in registers through the loop. */
+            fa3_tile_get<BM, BN>(a, tile, g);
+
+            /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */
+            float inv[2], lse[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+                l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+                const bool empty = !(l[hh] > 0.0f);
+                inv[hh] = empty ? 0.0f : 1.0f / l[hh];
+                lse[hh] = empty ? -INFINITY : (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f;
+            }
+            if (a.lse != nullptr && quad == 0) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int r = row0 + 8 * hh;
+                    if (r < g.len_q) {
+                        const int64_t idx = varlen ? (int64_t)g.h * a.total_q + g.tok_q + r
+                                                              : ((int64_t)g.b * a.heads_q + g.h) * a.seqlen_q + r;
+                        a.lse[idx] = lse[hh];
+                    }
+                }
+            }
+
+            /* O through shared memory and one TMA store (rows past a dense sequence's end fall outside the
+             * tensor map and are not written); directly for tiles that saw no key and varlen tiles that reach
+             * past their sequence. */
+            const int wg_row0 = g.m0 + 64 * c;
+            const bool tma_store = nb > 0 && (!varlen || wg_row0 + 64 <= g.len_q);
+            if (tma_store) {
+                const uint32_t s_o = C::kSeparateO ? s_obuf + c * C::kQBytes : s_q + c * C::kQBytes;
+                if (C::kSeparateO) {
+                    if (t == 0) hp_tma_store_wait_read(); /* the previous tile's store has left the buffer */
+                    hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
+                }
+                fa3_o_to_smem<D, BF16>(o, inv, s_o, warp, lane);
+                hp_fence_proxy_async();
+                hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
+                if (t == 0) {
+                    hp_tma_store_5d(&tm_o, s_o, 0, g.tok_q + wg_row0, 0, g.h, varlen ? 0 : g.b);
+                    hp_tma_store_commit();
+                    if (!C::kSeparateO) {
+                        hp_tma_store_wait_read(); /* O sits in the Q tile: free it for the next tile's Q */
+                        hp_mbar_arrive_cnt(bar_q_empty + 8 * c, 4);
+                    }
+                }
+            } else {
+                fa3_o_to_global<D, BF16>(o, inv, a, g, row0, quad);
+                if (!C::kSeparateO && nb > 0) fa3_release(bar_q_empty + 8 * c, lane);
+            }
+            if (nb > 0) {
+                kv += nb;
+                ++q_uses;
+            }
+        }
+        if (C::kSeparateO && t == 0) hp_tma_store_wait_read(); /* shared memory must outlive the last store */
+    }
+#endif /* FA_SM90A */
+}
+
+/* Launches one configuration on the persistent grid. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG>
+static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
+        fa3_fwd_kernel<D, BN, NWG, STAGES, BF16, OVERLAP, PINGPONG>;
+    cudaError_t err = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           C::kSmemBytes);
+    if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: setting the shared-memory size");
+    kernel<<<pr->grid, C::kThreads, C::kSmemBytes, stream>>>(pr->tm_q, pr->tm_k, pr->tm_v, pr->tm_o, pr->args);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward launch");
+    return FA_OK;
+}
+
+/* Block-M of the configuration a problem uses (the query-tile height the grid assumes; the Q and O tensor maps
+ * move 64 rows, one consumer warpgroup's). Head dim 64 runs three consumer warpgroups (192 rows), except under
+ * a causal (or right-windowed) mask up to 4k queries, where two (128 rows) measured faster: the tiles are short
+ * and unequal there. FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
+static inline int fa3_block_m(const fa_params *p) {
+    if (p->head_dim != 64) return 128;
+    const char *env = getenv("FLASHATTN_FA3_BLOCK_M");
+    if (env != NULL && (atoi(env) == 128 || atoi(env) == 192)) return atoi(env);
+    const int right_bounded = p->causal || p->window_right >= 0;
+    return right_bounded && p->seqlen_q <= 4096 ? 128 : 192;
+}
+
+#endif /* FLASHATTN_CUDA_FA3_FWD_CUH */
