@@ -1,0 +1,159 @@
+/*
+ * fa2_bwd.cu - FlashAttention-2 backward, host side: which problems the kernels take, the workspace they need
+ * (fp32 dQ accumulator slices, LSE * log2(e), D = rowsum(dO * O)), and the launch by head dim. The kernels
+ * are in fa2_bwd.cuh, instantiated once per head dim in fa2_bwd_hdim*.cu.
+ *
+ * Deterministic mode (params->deterministic) gives every CTA its own fp32 dQ slice (nsplit CTAs per kv head and
+ * batch entry, at most FA2_BWD_MAX_SPLITS slices) and sums the slices in a fixed order. Its cost, measured on
+ * an H200 (bf16, 16k tokens, hidden 2048, seqlen 2k-16k): 0-7% at head_dim 64, 0-11% at 128, 14-25% at 256,
+ * plus nsplit times the fp32 dQ size of workspace.
+ */
+#include "fa2_bwd.cuh"
+
+/* Deterministic mode: at most this many dQ accumulator slices (each as large as dQ in fp32). */
+#define FA2_BWD_MAX_SPLITS 16
+
+#define BWD_PER_HDIM(fn, head_dim) \
+    switch (head_dim) {            \
+    case 32: return fn<32>();      \
+    case 64: return fn<64>();      \
+    case 96: return fn<96>();      \
+    case 128: return fn<128>();    \
+    case 192: return fn<192>();    \
+    case 256: return fn<256>();    \
+    default: return 0;             \
+    }
+
+static int bwd_block_n(int head_dim) {
+    BWD_PER_HDIM(fa2_bwd_block_n, head_dim)
+}
+
+static size_t bwd_smem_bytes(int head_dim) {
+    BWD_PER_HDIM(fa2_bwd_smem_bytes, head_dim)
+}
+
+static int bwd_key_blocks(const fa_params *p) {
+    const int bn = bwd_block_n(p->head_dim);
+    return bn > 0 ? (p->seqlen_k + bn - 1) / bn : 0;
+}
+
+/* CTAs per (kv head, batch) in deterministic mode, each with its own dQ accumulator slice: the n <= 16 that
+ * minimises waves(n) x key blocks per CTA (one CTA per SM), the smallest such n to save memory. */
+static int bwd_nsplit(const fa_params *p, const fa_cuda_device *dev) {
+    if (!p->deterministic) return 1;
+    const int64_t heads = (int64_t)p->batch * p->heads_kv, sms = dev->sm_count > 0 ? dev->sm_count : 1;
+    const int kb = bwd_key_blocks(p);
+    int best = 1;
+    int64_t best_cost = INT64_MAX;
+    for (int n = 1; n <= kb && n <= FA2_BWD_MAX_SPLITS; n++) {
+        const int64_t cost = ((n * heads + sms - 1) / sms) * ((kb + n - 1) / n);
+        if (cost < best_cost) best = n, best_cost = cost;
+    }
+    return best;
+}
+
+static int64_t bwd_tokens_q(const fa_params *p) {
+    return fa_is_varlen(p) ? p->total_q : (int64_t)p->batch * p->seqlen_q;
+}
+
+static size_t bwd_align(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
+
+static int bwd_aligned(const fa_tensor *t, int dense) {
+    return ((uintptr_t)t->data % 16) == 0 && t->stride_seq % 8 == 0 && t->stride_head % 8 == 0 &&
+           (!dense || t->stride_batch % 8 == 0);
+}
+
+fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev) {
+    if (p->dtype != FA_F16 && p->dtype != FA_BF16)
+        return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 CUDA backward takes f16 or bf16 (dtype is f32)");
+    if (bwd_block_n(p->head_dim) == 0)
+        return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 CUDA backward takes head_dim 32, 64, 96, 128, 192 or 256 (got %d)",
+                       (int)p->head_dim);
+    if (dev->cc_major < 8)
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the FA2 CUDA backward needs compute capability 8.0 or newer (device has %d.%d)", dev->cc_major,
+                       dev->cc_minor);
+    const size_t smem = bwd_smem_bytes(p->head_dim);
+    if (smem > dev->smem_optin)
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the FA2 CUDA backward for head_dim %d needs %zu bytes of shared memory per block; the device "
+                       "allows %zu",
+                       (int)p->head_dim, smem, dev->smem_optin);
+    const int dense = !fa_is_varlen(p);
+    const struct {
+        const fa_tensor *t;
+        const char *name;
+    } tensors[] = { { &p->q, "q" },       { &p->k, "k" },   { &p->v, "v" },   { &p->o, "o" },
+                    { &p->dout, "dout" }, { &p->dq, "dq" }, { &p->dk, "dk" }, { &p->dv, "dv" } };
+    for (size_t i = 0; i < sizeof(tensors) / sizeof(tensors[0]); i++)
+        if (!bwd_aligned(tensors[i].t, dense))
+            return fa_fail(FA_ERR_UNSUPPORTED,
+                           "the FA2 CUDA backward needs %s 16-byte aligned with strides that are multiples of 8 "
+                           "elements",
+                           tensors[i].name);
+    return FA_OK;
+}
+
+size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
+    const int64_t lse_n =
+        fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
+    const size_t dq = (size_t)bwd_nsplit(p, dev) * (size_t)bwd_tokens_q(p) * p->heads_q * p->head_dim * sizeof(float);
+    return bwd_align(dq) + 2 * bwd_align((size_t)lse_n * sizeof(float));
+}
+
+fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
+    fa_status st = fa2_bwd_supported(p, dev);
+    if (st != FA_OK) return st;
+    if (workspace == NULL) return fa_fail(FA_ERR_INTERNAL, "fa2 backward: no workspace");
+
+    const int64_t lse_n =
+        fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
+    const int nsplit = bwd_nsplit(p, dev);
+    const int64_t split_stride = bwd_tokens_q(p) * p->heads_q * p->head_dim;
+    const size_t dq_bytes = (size_t)nsplit * (size_t)split_stride * sizeof(float);
+
+    fa2_bwd_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = p->q, a.k = p->k, a.v = p->v, a.o = p->o, a.dout = p->dout, a.dq = p->dq, a.dk = p->dk, a.dv = p->dv;
+    a.cu_seqlens_q = p->cu_seqlens_q;
+    a.cu_seqlens_k = p->cu_seqlens_k;
+    a.lse = p->lse;
+    a.alibi_slopes = p->alibi_slopes;
+    a.alibi_batch_stride = p->alibi_batch_stride;
+    a.dq_accum = (float *)workspace;
+    a.lse2 = (float *)((char *)workspace + bwd_align(dq_bytes));
+    a.dsum = (float *)((char *)a.lse2 + bwd_align((size_t)lse_n * sizeof(float)));
+    a.dq_split_stride = split_stride;
+    a.total_q = p->total_q;
+    a.batch = p->batch;
+    a.seqlen_q = p->seqlen_q;
+    a.seqlen_k = p->seqlen_k;
+    a.heads_q = p->heads_q;
+    a.heads_kv = p->heads_kv;
+    a.group = p->heads_q / p->heads_kv;
+    a.scale = p->softmax_scale;
+    a.scale_log2 = p->softmax_scale * 1.4426950408889634f;
+    a.softcap = p->softcap;
+    a.softcap_arg = p->softcap > 0 ? p->softmax_scale / p->softcap : 0.0f;
+    a.window_left = p->window_left;
+    a.window_right = p->causal ? 0 : p->window_right;
+    a.deterministic = p->deterministic ? 1 : 0;
+    a.nsplit = nsplit;
+
+    if (dq_bytes > 0) {
+        st = fa_cuda_status(cudaMemsetAsync(a.dq_accum, 0, dq_bytes, stream), "fa2 backward dQ accumulator reset");
+        if (st != FA_OK) return st;
+    }
+    const int kb = bwd_key_blocks(p);
+    switch (p->head_dim) {
+    case 32: return fa2_bwd_launch_hdim32(&a, p->dtype, kb, stream);
+    case 64: return fa2_bwd_launch_hdim64(&a, p->dtype, kb, stream);
+    case 96: return fa2_bwd_launch_hdim96(&a, p->dtype, kb, stream);
+    case 128: return fa2_bwd_launch_hdim128(&a, p->dtype, kb, stream);
+    case 192: return fa2_bwd_launch_hdim192(&a, p->dtype, kb, stream);
+    case 256: return fa2_bwd_launch_hdim256(&a, p->dtype, kb, stream);
+    default: return fa_fail(FA_ERR_INTERNAL, "fa2 backward: head_dim %d", (int)p->head_dim);
+    }
+}

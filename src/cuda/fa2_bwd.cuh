@@ -1,0 +1,650 @@
+/*
+ * fa2_bwd.cuh - FlashAttention-2 backward kernels (mma.sync m16n8k16, ldmatrix, cp.async; sm_80+), templated
+ * on the 16-bit element type, the head dim D and the tile sizes. Included by one fa2_bwd_hdim*.cu per head dim
+ * (the instantiations) and by fa2_bwd.cu (the tile table and the argument struct only).
+ *
+ * Algorithm 2 of the FlashAttention-2 paper, in three kernels:
+ *   1. preprocess: D = rowsum(dO * O) in fp32, and LSE * log2(e) (with -inf -> +inf, so that rows that see no
+ *      key get P = exp2(s - LSE2) = 0), both indexed like the LSE.
+ *   2. main: one CTA per (key block of BN rows, kv head, batch) keeps K_j, V_j in shared memory and dK_j, dV_j in
+ *      registers, and loops over the query heads of its GQA group and the query blocks of BM rows that see the
+ *      key block (causal / window block skipping; masks applied only to boundary blocks). Per step:
+ *        S^T = K Q^T                                    (per warp: its KR x 16 keys x its queries)
+ *        P^T = exp2(S^T scale log2e - LSE2)             (kept in 16 bits)
+ *        dP^T = V dO^T, dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap]
+ *        dV += P^T dO, dK += dS^T Q                     (A operand straight from registers when WD = 1)
+ *        dQ += dS K                                      (dS^T through shared memory; fp32 reductions)
+ *      Warps are laid out WK along keys (KR m16 tiles each) x WD along the head dim of dK/dV. With WD = 1 every
+ *      warp holds its keys' P^T and dS^T for the whole query block in registers, which are exactly the A
+ *      fragments of the dV and dK products. WD > 1 (needed where dK and dV would not fit in registers, and
+ *      cheaper in shared-memory traffic where they would: each B fragment then feeds KR products) splits the
+ *      queries of S^T between the warps of a key stripe and exchanges P^T, dS^T through shared memory.
+ *   3. convert: dQ = softmax_scale * dQaccum (summing the deterministic slices in order), in the 16-bit type.
+ * Deterministic mode: gridDim.x = nsplit CTAs per (kv head, batch) walk the key blocks nb = blockIdx.x,
+ * blockIdx.x + nsplit, ... and add dQ into their own fp32 slice. Within a slice each element is only ever added
+ * to by one thread, in program order, so the sums are bit-identical run to run; the convert kernel adds the
+ * slices in a fixed order.
+ *
+ * Shapes: B batch, Hq / Hkv heads, Sq / Sk sequence lengths (varlen: per-sequence), D head dim.
+ */
+#ifndef FLASHATTN_CUDA_FA2_BWD_CUH
+#define FLASHATTN_CUDA_FA2_BWD_CUH
+
+#include "bwd_common.cuh"
+#include "kernels.h"
+
+/* What the kernels read: the validated params flattened, plus the workspace pointers. */
+typedef struct fa2_bwd_args {
+    fa_tensor q, k, v, o, dout, dq, dk, dv;
+    const int32_t *cu_seqlens_q, *cu_seqlens_k; /* NULL: dense */
+    const float *lse;
+    const float *alibi_slopes;
+    int64_t alibi_batch_stride;
+    float *lse2;     /* LSE * log2(e), +inf for rows that see no key; indexed like lse */
+    float *dsum;     /* rowsum(dO * O); indexed like lse */
+    float *dq_accum; /* nsplit slices of (tokens_q, Hq, D) fp32 */
+    int64_t dq_split_stride;
+    int64_t total_q; /* rows of the varlen lse layout */
+    int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
+    float scale, scale_log2, softcap;
+    float softcap_arg; /* scale / softcap: tanh's argument per unit of q.k (0 without softcap) */
+    int window_left, window_right;
+    int deterministic, nsplit;
+} fa2_bwd_args;
+
+/* Tile configuration per head dim D: BM query rows per step; WK x WD warps, warp (kw, wh) owning KR m16 tiles of
+ * keys (BN = 16 KR WK key rows per CTA) and the column groups wh, wh + WD, .. of dK and dV; the dQ product split
+ * WQM (rows) x NWARPS / WQM (columns) over the warps, in column chunks of DQ_CHUNK. Shared memory (bytes):
+ * 2 (2 BN + 4 BM) (D + 8) + 2 (WD > 1 ? 2 : 1) BN (BM + 8) + 16 BM. Measurements behind the choices are in
+ * docs/worklog.md ("FA2 backward (CUDA)"). */
+template <int D>
+struct fa2_bwd_tile;
+#define FA2_BWD_TILE(D_, BM_, KR_, WK_, WD_, WQM_, DQC_)                              \
+    template <>                                                                       \
+    struct fa2_bwd_tile<D_> {                                                         \
+        enum { BM = BM_, KR = KR_, WK = WK_, WD = WD_, WQM = WQM_, DQ_CHUNK = DQC_ }; \
+    }
+/*           D   BM  KR WK WD WQM DQ_CHUNK */
+FA2_BWD_TILE(32, 128, 1, 8, 1, 4, 16);
+FA2_BWD_TILE(64, 128, 2, 4, 2, 4, 32);
+FA2_BWD_TILE(96, 64, 1, 8, 1, 4, 16);
+FA2_BWD_TILE(128, 64, 2, 4, 2, 2, 32);
+FA2_BWD_TILE(192, 64, 1, 4, 2, 2, 48);
+FA2_BWD_TILE(256, 64, 2, 2, 4, 2, 32);
+#undef FA2_BWD_TILE
+
+template <int D>
+static inline int fa2_bwd_block_n(void) {
+    return 16 * fa2_bwd_tile<D>::KR * fa2_bwd_tile<D>::WK;
+}
+template <int D>
+static inline int fa2_bwd_threads(void) {
+    return 32 * fa2_bwd_tile<D>::WK * fa2_bwd_tile<D>::WD;
+}
+template <int D>
+static inline size_t fa2_bwd_smem_bytes(void) {
+    typedef fa2_bwd_tile<D> c;
+    const size_t bm = c::BM, bn = (size_t)fa2_bwd_block_n<D>();
+    return 2 * ((2 * bn + 4 * bm) * (D + 8) + (c::WD > 1 ? 2 : 1) * bn * (bm + 8)) + 16 * bm;
+}
+
+#ifdef __CUDACC__
+
+/* Element offset of row r (token tok + r in varlen) of head h of batch entry b in tensor t. */
+static __device__ __forceinline__ int64_t bwd_row(const fa_tensor &t, bool varlen, int b, int64_t tok, int64_t r,
+                                                  int h) {
+    return (varlen ? (tok + r) * t.stride_seq : b * t.stride_batch + r * t.stride_seq) + h * t.stride_head;
+}
+
+/* One sequence of the batch: lengths, and the first token row (varlen) or b * seqlen (dense, for dQaccum). */
+struct bwd_seq {
+    int len_q, len_k;
+    int64_t tok_q, tok_k;
+};
+static __device__ __forceinline__ bwd_seq bwd_seq_get(const fa2_bwd_args &a, int b) {
+    bwd_seq s;
+    if (a.cu_seqlens_q) {
+        s.tok_q = a.cu_seqlens_q[b];
+        s.tok_k = a.cu_seqlens_k[b];
+        s.len_q = (int)(a.cu_seqlens_q[b + 1] - s.tok_q);
+        s.len_k = (int)(a.cu_seqlens_k[b + 1] - s.tok_k);
+    } else {
+        s.tok_q = (int64_t)b * a.seqlen_q;
+        s.tok_k = (int64_t)b * a.seqlen_k;
+        s.len_q = a.seqlen_q;
+        s.len_k = a.seqlen_k;
+    }
+    return s;
+}
+
+static __device__ __forceinline__ int64_t bwd_lse_index(const fa2_bwd_args &a, int b, int64_t tok_q, int r, int h) {
+    return a.cu_seqlens_q ? (int64_t)h * a.total_q + tok_q + r : ((int64_t)b * a.heads_q + h) * a.seqlen_q + r;
+}
+
+/* Lanes per row in the row-wise kernels: the power of two >= D / 8 (16 bytes each; the extra lanes idle). */
+template <int D>
+struct bwd_row_lanes {
+    enum { N = D / 8 <= 4 ? 4 : D / 8 <= 8 ? 8 : D / 8 <= 16 ? 16 : 32 };
+};
+
+/* ---- 1. preprocess: D = rowsum(dO * O), LSE2 = LSE * log2(e). Grid (ceil(Sq / 64), Hq, B), 256 threads. ---- */
+
+template <typename T, int D>
+__global__ void __launch_bounds__(256) fa2_bwd_preprocess_kernel(const fa2_bwd_args a) {
+    constexpr int LANES = bwd_row_lanes<D>::N, ROWS = 256 / LANES; /* ROWS divides 64 */
+    const int h = blockIdx.y, b = blockIdx.z;
+    const bwd_seq s = bwd_seq_get(a, b);
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    const int sub = threadIdx.x % LANES;
+    for (int r0 = blockIdx.x * 64; r0 < (int)(blockIdx.x + 1) * 64 && r0 < s.len_q; r0 += ROWS) {
+        const int r = r0 + threadIdx.x / LANES;
+        float dot = 0.f;
+        if (r < s.len_q && sub < D / 8) {
+            const uint4 o4 = *reinterpret_cast<const uint4 *>((const T *)a.o.data +
+                                                              bwd_row(a.o, varlen, b, s.tok_q, r, h) + sub * 8);
+            const uint4 d4 = *reinterpret_cast<const uint4 *>((const T *)a.dout.data +
+                                                              bwd_row(a.dout, varlen, b, s.tok_q, r, h) + sub * 8);
+            float2 x = fa_elem<T>::unpack(o4.x), y = fa_elem<T>::unpack(d4.x);
+            dot += x.x * y.x + x.y * y.y;
+            x = fa_elem<T>::unpack(o4.y), y = fa_elem<T>::unpack(d4.y);
+            dot += x.x * y.x + x.y * y.y;
+            x = fa_elem<T>::unpack(o4.z), y = fa_elem<T>::unpack(d4.z);
+            dot += x.x * y.x + x.y * y.y;
+            x = fa_elem<T>::unpack(o4.w), y = fa_elem<T>::unpack(d4.w);
+            dot += x.x * y.x + x.y * y.y;
+        }
+#pragma unroll
+        for (int m = LANES / 2; m > 0; m /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, m);
+        if (sub == 0 && r < s.len_q) {
+            const int64_t li = bwd_lse_index(a, b, s.tok_q, r, h);
+            const float lse = a.lse[li];
+            a.dsum[li] = dot;
+            a.lse2[li] = lse == -INFINITY ? INFINITY : lse * FA_LOG2E;
+        }
+    }
+}
+
+/* ---- 3. convert: dQ = scale * sum of the dQaccum slices. Grid (ceil(Sq / 64), Hq, B), 256 threads. ---- */
+
+template <typename T, int D>
+__global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_args a) {
+    constexpr int LANES = bwd_row_lanes<D>::N, ROWS = 256 / LANES;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const bwd_seq s = bwd_seq_get(a, b);
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    const int sub = threadIdx.x % LANES;
+    const int nsplit = a.deterministic ? a.nsplit : 1;
+    if (sub >= D / 8) return;
+    for (int r = blockIdx.x * 64 + threadIdx.x / LANES; r < min(s.len_q, (int)(blockIdx.x + 1) * 64); r += ROWS) {
+        const float *src = a.dq_accum + ((s.tok_q + r) * a.heads_q + h) * (int64_t)D + sub * 8;
+        float acc[8];
+        {
+            const float4 x = reinterpret_cast<const float4 *>(src)[0], y = reinterpret_cast<const float4 *>(src)[1];
+            acc[0] = x.x, acc[1] = x.y, acc[2] = x.z, acc[3] = x.w, acc[4] = y.x, acc[5] = y.y, acc[6] = y.z,
+            acc[7] = y.w;
+        }
+        for (int sp = 1; sp < nsplit; sp++) {
+            const float *p = src + sp * a.dq_split_stride;
+            const float4 x = reinterpret_cast<const float4 *>(p)[0], y = reinterpret_cast<const float4 *>(p)[1];
+            acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
+            acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
+        }
+        uint4 out;
+        out.x = fa_elem<T>::pack(acc[0] * a.scale, acc[1] * a.scale);
+        out.y = fa_elem<T>::pack(acc[2] * a.scale, acc[3] * a.scale);
+        out.z = fa_elem<T>::pack(acc[4] * a.scale, acc[5] * a.scale);
+        out.w = fa_elem<T>::pack(acc[6] * a.scale, acc[7] * a.scale);
+        *reinterpret_cast<uint4 *>((T *)a.dq.data + bwd_row(a.dq, varlen, b, s.tok_q, r, h) + sub * 8) = out;
+    }
+}
+
+/* cp.async of rows row0.. (ROWS of them, zeros at and past row_end) of one head of tensor t into a padded tile.
+ * When NT is a multiple of DC, thread i copies chunk i % DC of rows i / DC + k * (NT / DC). */
+template <typename T, int DC, int ROWS, int NT>
+static __device__ __forceinline__ void bwd_load_tile(uint32_t dst, const fa_tensor &t, bool varlen, int b, int64_t tok,
+                                                     int row0, int row_end, int h) {
+    if constexpr (NT % DC == 0 && (ROWS * DC) % NT == 0) {
+        constexpr int STEP = NT / DC;
+        const int c = threadIdx.x % DC, r = threadIdx.x / DC;
+        const T *src = (const T *)t.data + bwd_row(t, varlen, b, tok, row0 + r, h) + c * 8;
+        const int64_t step = (int64_t)STEP * t.stride_seq;
+        dst += fa_smem_tile<1, DC * 8>::offset(r, c);
+#pragma unroll
+        for (int k = 0; k < ROWS / STEP; k++) {
+            const bool ok = row0 + r + k * STEP < row_end;
+            fa_cp_async_16(dst + fa_smem_tile<1, DC * 8>::offset(k * STEP, 0), ok ? src + k * step : (const T *)t.data,
+                           ok);
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS * DC; i += NT) {
+            const int r = i / DC, c = i % DC;
+            const bool ok = row0 + r < row_end;
+            const T *src = ok ? (const T *)t.data + bwd_row(t, varlen, b, tok, row0 + r, h) + c * 8 : (const T *)t.data;
+            fa_cp_async_16(dst + fa_smem_tile<1, DC * 8>::offset(r, c), src, ok);
+        }
+    }
+}
+
+/* Issues the cp.async loads of a step: Q and dO rows m0.. of query head hq (zeros past the sequence), LSE2 and
+ * D into fp32 arrays. */
+template <typename T, int D, int BM, int NT>
+static __device__ __forceinline__ void bwd_load_step(const fa2_bwd_args &a, const bwd_seq &s, int b, int hq, int m0,
+                                                     uint32_t q_dst, uint32_t do_dst, float *lse_dst, float *ds_dst) {
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    bwd_load_tile<T, D / 8, BM, NT>(q_dst, a.q, varlen, b, s.tok_q, m0, s.len_q, hq);
+    bwd_load_tile<T, D / 8, BM, NT>(do_dst, a.dout, varlen, b, s.tok_q, m0, s.len_q, hq);
+    if (threadIdx.x < BM) {
+        const int i = threadIdx.x;
+        const bool ok = m0 + i < s.len_q;
+        const int64_t li = ok ? bwd_lse_index(a, b, s.tok_q, m0 + i, hq) : 0;
+        bwd_cp_async4(fa_smem_addr(lse_dst + i), a.lse2 + li, ok);
+        bwd_cp_async4(fa_smem_addr(ds_dst + i), a.dsum + li, ok);
+    }
+}
+
+/* ---- 2. main kernel. Grid (key blocks or nsplit, Hkv, B). ----
+ * Column groups of 16 are interleaved between warps sharing rows: warp half wh of dK/dV owns groups WD * j + wh,
+ * dQ warp column wn owns groups WQN * j + wn. */
+
+template <typename T, int D, int BM, int KR, int WK, int WD, int WQM, int DQ_CHUNK>
+__global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_bwd_args a) {
+    constexpr int KW = 16 * KR; /* keys per warp stripe */
+    constexpr int BN = KW * WK, NWARPS = WK * WD, NT = NWARPS * 32;
+    constexpr int DC = D / 8;   /* 16-byte chunks per row of Q, K, V, dO */
+    constexpr int QW = BM / WD; /* queries per warp in S^T, dP^T */
+    constexpr int DW = D / WD;  /* dK, dV columns per warp */
+    constexpr int WQN = NWARPS / WQM;
+    constexpr int MW = BM / WQM; /* dQ rows per warp */
+    constexpr int NWQ = D / WQN; /* dQ columns per warp */
+    static_assert(WD == 1 || WD == 2 || WD == 4, "WD");
+    static_assert(QW % 16 == 0 && DW % 16 == 0 && MW % 16 == 0 && NWQ % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0,
+                  "tile shape");
+    static_assert(NWARPS % WQM == 0, "warp split");
+    typedef fa_elem<T> dt;
+
+    extern __shared__ __align__(128) unsigned char bwd_smem[];
+    constexpr int RD = D + 8, RM = BM + 8; /* padded row lengths (fa_smem_tile) */
+    T *sK = reinterpret_cast<T *>(bwd_smem);
+    T *sV = sK + BN * RD;
+    T *sQ = sV + BN * RD;      /* 2 buffers */
+    T *sdO = sQ + 2 * BM * RD; /* 2 buffers */
+    T *sdS = sdO + 2 * BM * RD;
+    T *sP = sdS + BN * RM;                                                /* WD > 1 only */
+    float *sLSE = reinterpret_cast<float *>(sP + (WD > 1 ? BN * RM : 0)); /* 2 buffers */
+    float *sDs = sLSE + 2 * BM;                                           /* 2 buffers */
+    const uint32_t aK = fa_smem_addr(sK), aV = fa_smem_addr(sV), aQ = fa_smem_addr(sQ);
+    const uint32_t adO = fa_smem_addr(sdO), adS = fa_smem_addr(sdS), aP = fa_smem_addr(sP);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kw = warp % WK, wh = warp / WK;   /* key stripe; head-dim part of dK/dV and query part of S^T */
+    const int wm = warp % WQM, wn = warp / WQM; /* dQ row and column block */
+    const int g = lane >> 2, tq = lane & 3;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    /* The sequence geometry lives in shared memory and is re-read where used: kept in registers across the
+     * whole kernel it pushes loop invariants out to local memory. */
+    __shared__ bwd_seq cta_seq;
+    if (tid == 0) cta_seq = bwd_seq_get(a, b);
+    __syncthreads();
+    const bwd_seq &s = cta_seq;
+#define BWD_OFF (s.len_k - s.len_q) /* query i sits at key position i + BWD_OFF */
+    const int wl = a.window_left, wr = a.window_right;
+    const bool has_softcap = a.softcap > 0.f, has_alibi = a.alibi_slopes != nullptr;
+    /* deterministic: this CTA's own slice, which only it adds to, in program order */
+    float *dq_accum = a.dq_accum + (a.deterministic ? blockIdx.x * a.dq_split_stride : 0);
+
+    /* per-lane byte offsets of the ldmatrix patterns: lane l addresses row l % 8 of matrix l / 8 */
+    const int c_l = lane >> 4, c_b = (lane >> 3) & 1;
+    const int r_a = lane & 15, r_b = (lane & 7) + ((lane >> 4) << 3);
+    typedef fa_smem_tile<BN, D> td;
+    typedef fa_smem_tile<BN, BM> tm;
+    const uint32_t o_kv = td::offset(kw * KW + r_a, c_l);      /* A of S^T, dP^T: K, V rows kw*KW.. */
+    const uint32_t o_qb = td::offset(wh * QW + r_b, c_b);      /* B of S^T, dP^T: Q, dO rows wh*QW.. */
+    const uint32_t o_qt = td::offset(r_a, 2 * wh + c_l);       /* B of dV, dK: dO, Q transposed, groups WD*j + wh */
+    const uint32_t o_pa = tm::offset(kw * KW + r_a, c_l);      /* A of dV, dK from P^T, dS^T (WD > 1) */
+    const uint32_t o_da = tm::offset(r_b, wm * MW / 8 + c_b);  /* A of dQ: dS^T transposed, queries wm*MW.. */
+    const uint32_t o_kt = td::offset(r_a, 2 * wn + c_l);       /* B of dQ: K transposed, groups WQN*j + wn */
+    const uint32_t o_st = tm::offset(kw * KW + g, 0) + 4 * tq; /* this thread's P^T, dS^T slot (row g, col 2 tq) */
+
+    for (int nb = blockIdx.x; nb * BN < s.len_k; nb += gridDim.x) {
+        const int n0 = nb * BN;
+        const int n1 = min(n0 + BN, s.len_k);
+        /* query rows that see at least one key of [n0, n1) */
+        const int m_lo = wr >= 0 ? max(0, n0 - BWD_OFF - wr) : 0;
+        const int m_hi = wl >= 0 ? min(s.len_q, n1 - BWD_OFF + wl) : s.len_q;
+        const int mb_lo = m_lo / BM, mb_hi = m_hi > m_lo ? (m_hi + BM - 1) / BM : mb_lo;
+        const int nmb = mb_hi - mb_lo, nsteps = nmb * a.group;
+
+        __syncthreads(); /* the previous key block's last step is done with sK, sV, sdS */
+        if (nsteps > 0) {
+            bwd_load_tile<T, DC, BN, NT>(aK, a.k, varlen, b, s.tok_k, n0, s.len_k, hk);
+            bwd_load_tile<T, DC, BN, NT>(aV, a.v, varlen, b, s.tok_k, n0, s.len_k, hk);
+            bwd_load_step<T, D, BM, NT>(a, s, b, hk * a.group, mb_lo * BM, aQ, adO, sLSE, sDs);
+        }
+        fa_cp_async_commit();
+
+        float dk[KR][DW / 8][4], dv[KR][DW / 8][4];
+#pragma unroll
+        for (int mr = 0; mr < KR; mr++)
+#pragma unroll
+            for (int j = 0; j < DW / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dk[mr][j][e] = dv[mr][j][e] = 0.f;
+
+        for (int t = 0; t < nsteps; t++) {
+            const int buf = t & 1;
+            const int hq = hk * a.group + t / nmb, m0 = (mb_lo + t % nmb) * BM;
+            fa_cp_async_wait<0>();
+            __syncthreads(); /* step t's tiles have landed; step t-1 is done with the other buffer and sdS */
+            if (t + 1 < nsteps)
+                bwd_load_step<T, D, BM, NT>(a, s, b, hk * a.group + (t + 1) / nmb, (mb_lo + (t + 1) % nmb) * BM,
+                                            aQ + 2 * (buf ^ 1) * BM * RD, adO + 2 * (buf ^ 1) * BM * RD,
+                                            sLSE + (buf ^ 1) * BM, sDs + (buf ^ 1) * BM);
+            fa_cp_async_commit();
+
+            const uint32_t aQb = aQ + 2 * buf * BM * RD, adOb = adO + 2 * buf * BM * RD;
+            const float *lse2 = sLSE + buf * BM, *dsum = sDs + buf * BM;
+
+            /* S^T = K Q^T: rows kw*KW.., columns (queries) wh*QW.. */
+            float sacc[KR][QW / 8][4];
+#pragma unroll
+            for (int mr = 0; mr < KR; mr++)
+#pragma unroll
+                for (int j = 0; j < QW / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sacc[mr][j][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t ak[KR][4];
+#pragma unroll
+                for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(ak[mr], aK + o_kv + td::offset(mr * 16, 2 * kk));
+#pragma unroll
+                for (int jp = 0; jp < QW / 16; jp++) {
+                    uint32_t bq[4];
+                    fa_ldmatrix_x4(bq, aQb + o_qb + td::offset(jp * 16, 2 * kk));
+#pragma unroll
+                    for (int mr = 0; mr < KR; mr++) {
+                        dt::mma(sacc[mr][2 * jp], ak[mr], bq[0], bq[1]);
+                        dt::mma(sacc[mr][2 * jp + 1], ak[mr], bq[2], bq[3]);
+                    }
+                }
+            }
+
+            /* P^T = exp2(S^T scale log2e - LSE2), masked on boundary blocks, kept in 16 bits: the dV product
+             * takes it in 16 bits, and dS = P (dP - D) rounded to 16 bits loses nothing to it that matters.
+             * With softcap the derivative 1 - tanh^2 waits in this thread's own dS^T slots (as f16). */
+            uint32_t p16[KR][QW / 8][2];
+            const uint32_t st_dS = fa_smem_addr(sdS), st_P = fa_smem_addr(sP);
+            const bool need_mask = m0 + BM > s.len_q || n0 + BN > s.len_k ||
+                                   (wr >= 0 && n0 + BN - 1 > m0 + BWD_OFF + wr) ||
+                                   (wl >= 0 && n0 < m0 + BM - 1 + BWD_OFF - wl);
+            if (!need_mask && !has_softcap && !has_alibi) {
+#pragma unroll
+                for (int j = 0; j < QW / 8; j++) {
+                    const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + wh * QW + j * 8 + 2 * tq);
+#pragma unroll
+                    for (int mr = 0; mr < KR; mr++) {
+                        p16[mr][j][0] = dt::pack(fa_exp2(sacc[mr][j][0] * a.scale_log2 - l2.x),
+                                                 fa_exp2(sacc[mr][j][1] * a.scale_log2 - l2.y));
+                        p16[mr][j][1] = dt::pack(fa_exp2(sacc[mr][j][2] * a.scale_log2 - l2.x),
+                                                 fa_exp2(sacc[mr][j][3] * a.scale_log2 - l2.y));
+                    }
+                }
+            } else {
+                const float slope_log2 = has_alibi ? a.alibi_slopes[b * a.alibi_batch_stride + hq] * FA_LOG2E : 0.f;
+                const float cap_inv = a.softcap_arg;
+                const float cap_log2 = a.softcap * FA_LOG2E;
+                /* key - (query + offset) of element (mr = 0, j = 0, e = 0), and the visible range of that difference */
+                const int dist0 = (n0 + kw * KW + g) - (m0 + wh * QW + 2 * tq + BWD_OFF);
+                const int dlo = wl >= 0 ? -wl : INT_MIN, dhi = wr >= 0 ? wr : INT_MAX;
+                const int rows_left = s.len_k - (n0 + kw * KW + g), cols_left = s.len_q - (m0 + wh * QW + 2 * tq);
+#pragma unroll
+                for (int j = 0; j < QW / 8; j++) {
+                    const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + wh * QW + j * 8 + 2 * tq);
+#pragma unroll
+                    for (int mr = 0; mr < KR; mr++) {
+                        float p[4], dfac[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int dr = mr * 16 + (e >> 1) * 8; /* key row offset of this element */
+                            const int dist = dist0 + dr - j * 8 - (e & 1);
+                            float x = sacc[mr][j][e];
+                            dfac[e] = 1.f;
+                            if (has_softcap) {
+                                const float th = tanhf(x * cap_inv);
+                                x = th * cap_log2;
+                                dfac[e] = 1.f - th * th;
+                            } else {
+                                x *= a.scale_log2;
+                            }
+                            if (has_alibi) x -= slope_log2 * (float)abs(dist);
+                            const bool visible =
+                                dr < rows_left && j * 8 + (e & 1) < cols_left && dist >= dlo && dist <= dhi;
+                            p[e] = visible ? fa_exp2(x - ((e & 1) ? l2.y : l2.x)) : 0.f;
+                        }
+                        p16[mr][j][0] = dt::pack(p[0], p[1]);
+                        p16[mr][j][1] = dt::pack(p[2], p[3]);
+                        if (has_softcap) {
+                            const uint32_t o = o_st + tm::offset(mr * 16, wh * (QW / 8) + j);
+                            bwd_st_shared_u32(st_dS + o, fa_elem<__half>::pack(dfac[0], dfac[1]));
+                            bwd_st_shared_u32(st_dS + o + tm::offset(8, 0), fa_elem<__half>::pack(dfac[2], dfac[3]));
+                        }
+                    }
+                }
+            }
+            if (WD > 1) {
+#pragma unroll
+                for (int mr = 0; mr < KR; mr++)
+#pragma unroll
+                    for (int j = 0; j < QW / 8; j++) {
+                        const uint32_t o = o_st + tm::offset(mr * 16, wh * (QW / 8) + j);
+                        bwd_st_shared_u32(st_P + o, p16[mr][j][0]);
+                        bwd_st_shared_u32(st_P + o + tm::offset(8, 0), p16[mr][j][1]);
+                    }
+            }
+
+            /* dP^T = V dO^T */
+            float pacc[KR][QW / 8][4];
+#pragma unroll
+            for (int mr = 0; mr < KR; mr++)
+#pragma unroll
+                for (int j = 0; j < QW / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) pacc[mr][j][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t av[KR][4];
+#pragma unroll
+                for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(av[mr], aV + o_kv + td::offset(mr * 16, 2 * kk));
+#pragma unroll
+                for (int jp = 0; jp < QW / 16; jp++) {
+                    uint32_t bo[4];
+                    fa_ldmatrix_x4(bo, adOb + o_qb + td::offset(jp * 16, 2 * kk));
+#pragma unroll
+                    for (int mr = 0; mr < KR; mr++) {
+                        dt::mma(pacc[mr][2 * jp], av[mr], bo[0], bo[1]);
+                        dt::mma(pacc[mr][2 * jp + 1], av[mr], bo[2], bo[3]);
+                    }
+                }
+            }
+
+            /* dS^T = P^T (dP^T - D) [(1 - tanh^2)] (the softmax scale comes at the end), 16 bits, to shared
+             * memory for the dQ product of the other warps */
+            uint32_t ds16[KR][QW / 8][2];
+#pragma unroll
+            for (int j = 0; j < QW / 8; j++) {
+                const float2 dd = *reinterpret_cast<const float2 *>(dsum + wh * QW + j * 8 + 2 * tq);
+#pragma unroll
+                for (int mr = 0; mr < KR; mr++) {
+                    const float2 p01 = dt::unpack(p16[mr][j][0]), p23 = dt::unpack(p16[mr][j][1]);
+                    float ds[4] = { p01.x * (pacc[mr][j][0] - dd.x), p01.y * (pacc[mr][j][1] - dd.y),
+                                    p23.x * (pacc[mr][j][2] - dd.x), p23.y * (pacc[mr][j][3] - dd.y) };
+                    const uint32_t o = o_st + tm::offset(mr * 16, wh * (QW / 8) + j);
+                    if (has_softcap) {
+                        const float2 f01 = fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o));
+                        const float2 f23 = fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o + tm::offset(8, 0)));
+                        ds[0] *= f01.x, ds[1] *= f01.y, ds[2] *= f23.x, ds[3] *= f23.y;
+                    }
+                    ds16[mr][j][0] = dt::pack(ds[0], ds[1]);
+                    ds16[mr][j][1] = dt::pack(ds[2], ds[3]);
+                    bwd_st_shared_u32(st_dS + o, ds16[mr][j][0]);
+                    bwd_st_shared_u32(st_dS + o + tm::offset(8, 0), ds16[mr][j][1]);
+                }
+            }
+            if (WD > 1) __syncthreads(); /* P^T, dS^T of the other query parts are in shared memory */
+
+                /* dV += P^T dO, dK += dS^T Q: rows kw*KW.., column groups WD * np + wh, k = the BM queries */
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; kk++) {
+                uint32_t ap[KR][4], ad[KR][4];
+#pragma unroll
+                for (int mr = 0; mr < KR; mr++) {
+                    if (WD == 1) {
+                        ap[mr][0] = p16[mr][2 * kk][0], ap[mr][1] = p16[mr][2 * kk][1];
+                        ap[mr][2] = p16[mr][2 * kk + 1][0], ap[mr][3] = p16[mr][2 * kk + 1][1];
+                        ad[mr][0] = ds16[mr][2 * kk][0], ad[mr][1] = ds16[mr][2 * kk][1];
+                        ad[mr][2] = ds16[mr][2 * kk + 1][0], ad[mr][3] = ds16[mr][2 * kk + 1][1];
+                    } else {
+                        fa_ldmatrix_x4(ap[mr], aP + o_pa + tm::offset(mr * 16, 2 * kk));
+                        fa_ldmatrix_x4(ad[mr], adS + o_pa + tm::offset(mr * 16, 2 * kk));
+                    }
+                }
+#pragma unroll
+                for (int np = 0; np < DW / 16; np++) {
+                    uint32_t bo[4], bq[4];
+                    fa_ldmatrix_x4_trans(bo, adOb + o_qt + td::offset(kk * 16, 2 * WD * np));
+#pragma unroll
+                    for (int mr = 0; mr < KR; mr++) {
+                        dt::mma(dv[mr][2 * np], ap[mr], bo[0], bo[1]);
+                        dt::mma(dv[mr][2 * np + 1], ap[mr], bo[2], bo[3]);
+                    }
+                    fa_ldmatrix_x4_trans(bq, aQb + o_qt + td::offset(kk * 16, 2 * WD * np));
+#pragma unroll
+                    for (int mr = 0; mr < KR; mr++) {
+                        dt::mma(dk[mr][2 * np], ad[mr], bq[0], bq[1]);
+                        dt::mma(dk[mr][2 * np + 1], ad[mr], bq[2], bq[3]);
+                    }
+                }
+            }
+            if (WD == 1)
+                __syncthreads(); /* dS^T of every warp is in shared memory */
+            else
+                __syncwarp(); /* keeps the compiler from interleaving the two products (register pressure) */
+
+                /* dQ (BM x D) += dS K: warp (wm, wn) owns rows wm*MW.. and column groups WQN * j + wn */
+#pragma unroll
+            for (int ch = 0; ch < NWQ / DQ_CHUNK; ch++) {
+                constexpr int NG = DQ_CHUNK / 16; /* column groups per chunk */
+                float qacc[MW / 16][2 * NG][4];
+#pragma unroll
+                for (int mt = 0; mt < MW / 16; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 2 * NG; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) qacc[mt][nt][e] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; kk++) {
+                    uint32_t as[MW / 16][4];
+#pragma unroll
+                    for (int mt = 0; mt < MW / 16; mt++)
+                        fa_ldmatrix_x4_trans(as[mt], adS + o_da + tm::offset(kk * 16, 2 * mt));
+#pragma unroll
+                    for (int j = 0; j < NG; j++) {
+                        uint32_t bk[4];
+                        fa_ldmatrix_x4_trans(bk, aK + o_kt + td::offset(kk * 16, 2 * WQN * (ch * NG + j)));
+#pragma unroll
+                        for (int mt = 0; mt < MW / 16; mt++) {
+                            dt::mma(qacc[mt][2 * j], as[mt], bk[0], bk[1]);
+                            dt::mma(qacc[mt][2 * j + 1], as[mt], bk[2], bk[3]);
+                        }
+                    }
+                }
+                /* fp32 reductions (fire and forget); the same thread adds to a given element in every step, so
+                 * with a private slice per CTA (deterministic mode) the order of the additions is fixed */
+#pragma unroll
+                for (int mt = 0; mt < MW / 16; mt++)
+#pragma unroll
+                    for (int hi = 0; hi < 2; hi++) {
+                        const int r = m0 + wm * MW + mt * 16 + g + hi * 8;
+                        if (r >= s.len_q) continue;
+                        float *dst = dq_accum + ((s.tok_q + r) * a.heads_q + hq) * (int64_t)D + 16 * wn + 2 * tq;
+#pragma unroll
+                        for (int nt = 0; nt < 2 * NG; nt++) {
+                            const int col = 16 * WQN * (ch * NG + nt / 2) + 8 * (nt % 2);
+                            float2 *p = reinterpret_cast<float2 *>(dst + col);
+#if __CUDA_ARCH__ >= 900
+                            atomicAdd(p, make_float2(qacc[mt][nt][2 * hi], qacc[mt][nt][2 * hi + 1]));
+#else
+                            atomicAdd(&p->x, qacc[mt][nt][2 * hi]);
+                            atomicAdd(&p->y, qacc[mt][nt][2 * hi + 1]);
+#endif
+                        }
+                    }
+            }
+        }
+        fa_cp_async_wait<0>();
+
+        /* dK (times the softmax scale) and dV: rows kw*KW + mr*16 + g (+8), column groups WD * np + wh */
+        T *gdK = (T *)a.dk.data, *gdV = (T *)a.dv.data;
+#pragma unroll
+        for (int mr = 0; mr < KR; mr++)
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                const int r = n0 + kw * KW + mr * 16 + g + hi * 8;
+                if (r >= s.len_k) continue;
+                const int64_t ko = bwd_row(a.dk, varlen, b, s.tok_k, r, hk) + 16 * wh + 2 * tq;
+                const int64_t vo = bwd_row(a.dv, varlen, b, s.tok_k, r, hk) + 16 * wh + 2 * tq;
+#pragma unroll
+                for (int j = 0; j < DW / 8; j++) {
+                    const int col = 16 * WD * (j / 2) + 8 * (j % 2);
+                    *reinterpret_cast<uint32_t *>(gdK + ko + col) =
+                        dt::pack(dk[mr][j][2 * hi] * a.scale, dk[mr][j][2 * hi + 1] * a.scale);
+                    *reinterpret_cast<uint32_t *>(gdV + vo + col) = dt::pack(dv[mr][j][2 * hi], dv[mr][j][2 * hi + 1]);
+                }
+            }
+    }
+#undef BWD_OFF
+}
+
+/* Launches the three kernels for one head dim and dtype (dQaccum already zeroed). */
+template <typename T, int D>
+static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int key_blocks, cudaStream_t st) {
+    typedef fa2_bwd_tile<D> c;
+    const dim3 rows_grid((a->seqlen_q + 63) / 64, a->heads_q, a->batch);
+    if (a->seqlen_q > 0) {
+        fa2_bwd_preprocess_kernel<T, D><<<rows_grid, 256, 0, st>>>(*a);
+        fa_status st0 = fa_cuda_status(cudaGetLastError(), "fa2 backward preprocess launch");
+        if (st0 != FA_OK) return st0;
+    }
+    if (key_blocks > 0) {
+        void (*kernel)(const fa2_bwd_args) = fa2_bwd_main_kernel<T, D, c::BM, c::KR, c::WK, c::WD, c::WQM, c::DQ_CHUNK>;
+        const size_t smem = fa2_bwd_smem_bytes<D>();
+        fa_status st1 =
+            fa_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                           "fa2 backward shared memory attribute");
+        if (st1 != FA_OK) return st1;
+        const dim3 grid(a->deterministic ? a->nsplit : key_blocks, a->heads_kv, a->batch);
+        kernel<<<grid, fa2_bwd_threads<D>(), smem, st>>>(*a);
+        st1 = fa_cuda_status(cudaGetLastError(), "fa2 backward main launch");
+        if (st1 != FA_OK) return st1;
+    }
+    if (a->seqlen_q > 0) {
+        fa2_bwd_convert_dq_kernel<T, D><<<rows_grid, 256, 0, st>>>(*a);
+        return fa_cuda_status(cudaGetLastError(), "fa2 backward convert launch");
+    }
+    return FA_OK;
+}
+
+#endif /* __CUDACC__ */
+
+/* One per instantiation file: launch for head dim D with the dtype of a (f16 or bf16). */
+#define FA2_BWD_DECLARE_LAUNCH(D) \
+    fa_status fa2_bwd_launch_hdim##D(const fa2_bwd_args *a, fa_dtype dtype, int key_blocks, cudaStream_t st)
+FA2_BWD_DECLARE_LAUNCH(32);
+FA2_BWD_DECLARE_LAUNCH(64);
+FA2_BWD_DECLARE_LAUNCH(96);
+FA2_BWD_DECLARE_LAUNCH(128);
+FA2_BWD_DECLARE_LAUNCH(192);
+FA2_BWD_DECLARE_LAUNCH(256);
+
+#endif /* FLASHATTN_CUDA_FA2_BWD_CUH */

@@ -1,0 +1,9 @@
+/*
+ * fa2_bwd_hdim64.cu - the FA2 backward kernels for head dim 64 (f16 and bf16).
+ */
+#include "fa2_bwd.cuh"
+
+FA2_BWD_DECLARE_LAUNCH(64) {
+    return dtype == FA_BF16 ? fa2_bwd_launch<__nv_bfloat16, 64>(a, key_blocks, st)
+                            : fa2_bwd_launch<__half, 64>(a, key_blocks, st);
+}
