@@ -1,0 +1,354 @@
+/*
+ * backend.cu - the CUDA backends' entry points (internal.h): devices and pointers, the checks every CUDA call
+ * makes, kernel-family selection (FA3 on compute capability 9.0 when it takes the problem, else FA2),
+ * workspace handling, and the naive ("standard attention") backend's entry points.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define FA_STR2(...) #__VA_ARGS__
+#define FA_STR(...) FA_STR2(__VA_ARGS__)
+
+extern "C" fa_status fa_cuda_status(cudaError_t err, const char *what) {
+    if (err == cudaSuccess) return FA_OK;
+    cudaGetLastError(); /* clear a non-sticky error so that later calls start clean */
+    return fa_fail(err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_DEVICE, "%s: %s (%s)", what,
+                   cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Devices and pointers
+ * ------------------------------------------------------------------------------------------------------- */
+
+extern "C" int fa_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" fa_status fa_cuda_device_info(int32_t ordinal, fa_device_info *info) {
+    const int n = fa_cuda_device_count();
+    if (n == 0) return fa_fail(FA_ERR_NO_DEVICE, "no CUDA device is present");
+    if (ordinal < 0 || ordinal >= n)
+        return fa_fail(FA_ERR_NO_DEVICE, "device %d does not exist (%d device%s present)", ordinal, n, n == 1 ? "" : "s");
+    cudaDeviceProp prop;
+    fa_status      st = fa_cuda_status(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+    if (st != FA_OK) return st;
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
+    info->ordinal      = ordinal;
+    info->cc_major     = prop.major;
+    info->cc_minor     = prop.minor;
+    info->sm_count     = prop.multiProcessorCount;
+    info->memory_bytes = (int64_t)prop.totalGlobalMem;
+    return FA_OK;
+}
+
+extern "C" int fa_cuda_is_device_pointer(const void *ptr) {
+    cudaPointerAttributes attr;
+    if (!ptr || cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+extern "C" const char *fa_cuda_build_info(void) {
+#ifdef FA_CUDA_ARCHS /* the build's gencode list, e.g. "80 90a" */
+    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_CUDA_ARCHS;
+#else /* the virtual architectures this file was compiled for, e.g. 800,900 */
+    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_STR(__CUDA_ARCH_LIST__);
+#endif
+}
+
+/* The device a call runs on: exec.device, or the calling thread's current device for -1. */
+static fa_status device_get(const fa_exec *x, fa_cuda_device *dev) {
+    int ordinal = x->device;
+    if (ordinal < 0) {
+        fa_status st = fa_cuda_status(cudaGetDevice(&ordinal), "cudaGetDevice");
+        if (st != FA_OK) return st;
+    } else {
+        const int n = fa_cuda_device_count();
+        if (ordinal >= n)
+            return fa_fail(FA_ERR_NO_DEVICE, "exec.device (%d) does not exist (%d device%s present)", ordinal, n,
+                           n == 1 ? "" : "s");
+    }
+    int       smem = 0;
+    fa_status st;
+    if ((st = fa_cuda_status(cudaDeviceGetAttribute(&dev->cc_major, cudaDevAttrComputeCapabilityMajor, ordinal),
+                             "cudaDeviceGetAttribute")) ||
+        (st = fa_cuda_status(cudaDeviceGetAttribute(&dev->cc_minor, cudaDevAttrComputeCapabilityMinor, ordinal),
+                             "cudaDeviceGetAttribute")) ||
+        (st = fa_cuda_status(cudaDeviceGetAttribute(&dev->sm_count, cudaDevAttrMultiProcessorCount, ordinal),
+                             "cudaDeviceGetAttribute")) ||
+        (st = fa_cuda_status(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal),
+                             "cudaDeviceGetAttribute")))
+        return st;
+    dev->ordinal    = ordinal;
+    dev->smem_optin = (size_t)smem;
+    return FA_OK;
+}
+
+/* Makes dev the current device for the duration of a call; *prev is what to restore (-1: nothing). */
+static fa_status device_enter(const fa_cuda_device *dev, int *prev) {
+    *prev       = -1;
+    int       cur = 0;
+    fa_status st  = fa_cuda_status(cudaGetDevice(&cur), "cudaGetDevice");
+    if (st != FA_OK || cur == dev->ordinal) return st;
+    if ((st = fa_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice")) == FA_OK) *prev = cur;
+    return st;
+}
+
+static void device_leave(int prev) {
+    if (prev >= 0) cudaSetDevice(prev);
+}
+
+/* A pointer every CUDA backend dereferences on the device: device (or managed) memory of the call's device. */
+static fa_status check_device_ptr(const void *ptr, const char *name, const fa_cuda_device *dev) {
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        cudaGetLastError();
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s is not device memory", name);
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s is not device memory", name);
+    if (attr.type == cudaMemoryTypeDevice && attr.device != dev->ordinal)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s is memory of device %d, but the call runs on device %d", name,
+                       attr.device, dev->ordinal);
+    return FA_OK;
+}
+
+/* The tensors, lse, cu_seqlens and alibi_slopes a call reads or writes, all device memory. */
+static fa_status check_pointers(const fa_params *p, int backward, const fa_cuda_device *dev) {
+    struct {
+        const void *ptr;
+        const char *name;
+    } ptrs[] = {
+        {p->q.data, "q.data"},
+        {p->k.data, "k.data"},
+        {p->v.data, "v.data"},
+        {p->o.data, "o.data"},
+        {p->lse, "lse"},
+        {p->cu_seqlens_q, "cu_seqlens_q"},
+        {p->cu_seqlens_k, "cu_seqlens_k"},
+        {p->alibi_slopes, "alibi_slopes"},
+        {backward ? p->dout.data : NULL, "dout.data"},
+        {backward ? p->dq.data : NULL, "dq.data"},
+        {backward ? p->dk.data : NULL, "dk.data"},
+        {backward ? p->dv.data : NULL, "dv.data"},
+    };
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) {
+        if (!ptrs[i].ptr) continue; /* optional (lse in the forward, varlen, ALiBi) or not used */
+        fa_status st = check_device_ptr(ptrs[i].ptr, ptrs[i].name, dev);
+        if (st != FA_OK) return st;
+    }
+    return FA_OK;
+}
+
+/* What the FA2/FA3 kernels need of every call: 16-bit data, a compiled head dim, 16-byte vector access. */
+static fa_status check_cuda_rules(const fa_params *p, int backward) {
+    if (p->dtype == FA_F32)
+        return fa_fail(FA_ERR_UNSUPPORTED, "dtype f32 is not supported by the CUDA backend (use f16 or bf16, or the "
+                                           "naive backend)");
+    switch (p->head_dim) {
+    case 32: case 64: case 96: case 128: case 192: case 256: break;
+    default:
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "head_dim (%d) is not supported by the CUDA backend (32, 64, 96, 128, 192 or 256)", p->head_dim);
+    }
+    const int varlen = fa_is_varlen(p);
+    struct {
+        const fa_tensor *t;
+        const char      *name;
+    } ts[] = {{&p->q, "q"},         {&p->k, "k"},          {&p->v, "v"},          {&p->o, "o"},
+              {&p->dout, "dout"},   {&p->dq, "dq"},        {&p->dk, "dk"},        {&p->dv, "dv"}};
+    const size_t n = backward ? 8 : 4;
+    for (size_t i = 0; i < n; i++) {
+        const fa_tensor *t = ts[i].t;
+        if ((uintptr_t)t->data % 16)
+            return fa_fail(FA_ERR_UNSUPPORTED, "%s.data (%p) is not 16-byte aligned (the CUDA kernels load 16-byte "
+                           "vectors)", ts[i].name, t->data);
+        const int64_t strides[3] = {t->stride_seq, t->stride_head, varlen ? 0 : t->stride_batch};
+        const char   *names[3]   = {"stride_seq", "stride_head", "stride_batch"};
+        for (int s = 0; s < 3; s++)
+            if (strides[s] % 8)
+                return fa_fail(FA_ERR_UNSUPPORTED, "%s.%s (%lld) is not a multiple of 8 elements (the CUDA kernels "
+                               "load 16-byte vectors)", ts[i].name, names[s], (long long)strides[s]);
+    }
+    return FA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Kernel selection and workspace
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* FA3 when asked for (exec.kernel, or FLASHATTN_KERNEL=fa3 under AUTO), or under AUTO on compute capability 9.0
+ * when it takes the problem; FA2 otherwise. *fa3 says which. */
+static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev, int *fa3) {
+    fa_kernel k = x->kernel;
+    *fa3        = 0;
+    if (k == FA_KERNEL_AUTO) {
+        const char *env = getenv("FLASHATTN_KERNEL");
+        if (env && *env) {
+            if (!strcmp(env, "fa2")) k = FA_KERNEL_FA2;
+            else if (!strcmp(env, "fa3")) k = FA_KERNEL_FA3;
+            else return fa_fail(FA_ERR_INVALID_ARGUMENT, "FLASHATTN_KERNEL=%s is not fa2 or fa3", env);
+        }
+    }
+    const int hopper = dev->cc_major == 9 && dev->cc_minor == 0;
+    if (k == FA_KERNEL_FA3) {
+        if (!hopper)
+            return fa_fail(FA_ERR_UNSUPPORTED, "the FA3 kernel needs compute capability 9.0 (device %d is %d.%d)",
+                           dev->ordinal, dev->cc_major, dev->cc_minor);
+        fa_status st = fa3_fwd_supported(p, dev);
+        if (st == FA_OK) *fa3 = 1;
+        return st;
+    }
+    if (k == FA_KERNEL_AUTO && hopper) {
+        if (fa3_fwd_supported(p, dev) == FA_OK) {
+            *fa3 = 1;
+            return FA_OK;
+        }
+        fa_clear_error(); /* FA3 declined: FA2 runs, and a successful call leaves no message */
+    }
+    return fa2_fwd_supported(p, dev);
+}
+
+/* Scratch for one call: the caller's (checked against need), or cudaMallocAsync'd on the stream. */
+typedef struct scratch {
+    void *ptr;
+    int   owned;
+} scratch;
+
+static fa_status scratch_get(const fa_exec *x, size_t need, cudaStream_t stream, scratch *s) {
+    s->ptr   = x->workspace;
+    s->owned = 0;
+    if (x->workspace) {
+        if (x->workspace_bytes < need)
+            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x->workspace_bytes, need);
+        return FA_OK;
+    }
+    if (need == 0) return FA_OK;
+    fa_status st = fa_cuda_status(cudaMallocAsync(&s->ptr, need, stream), "cudaMallocAsync (workspace)");
+    if (st == FA_OK) s->owned = 1;
+    else s->ptr = NULL;
+    return st;
+}
+
+static fa_status scratch_put(scratch *s, cudaStream_t stream, fa_status st) {
+    if (!s->owned) return st;
+    fa_status st2 = fa_cuda_status(cudaFreeAsync(s->ptr, stream), "cudaFreeAsync (workspace)");
+    return st != FA_OK ? st : st2;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * CUDA backend
+ * ------------------------------------------------------------------------------------------------------- */
+
+extern "C" fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int backward) {
+    fa_cuda_device dev;
+    fa_status      st;
+    if ((st = check_cuda_rules(p, backward)) || (st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev)))
+        return st;
+    if (backward) return fa2_bwd_supported(p, &dev);
+    int fa3;
+    return select_fwd(p, x, &dev, &fa3);
+}
+
+extern "C" fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {
+    fa_cuda_device dev;
+    fa_status      st = device_get(x, &dev);
+    if (st != FA_OK) return st;
+    if (backward) {
+        if ((st = fa2_bwd_supported(p, &dev)) == FA_OK) *bytes = fa2_bwd_workspace_size(p, &dev);
+        return st;
+    }
+    int fa3;
+    if ((st = select_fwd(p, x, &dev, &fa3)) == FA_OK)
+        *bytes = fa3 ? fa3_fwd_workspace_size(p, &dev) : fa2_fwd_workspace_size(p, &dev);
+    return st;
+}
+
+extern "C" fa_status fa_cuda_fwd(const fa_params *p, const fa_exec *x) {
+    fa_cuda_device dev;
+    int            fa3, prev;
+    fa_status      st;
+    if ((st = device_get(x, &dev)) || (st = select_fwd(p, x, &dev, &fa3)) || (st = device_enter(&dev, &prev)))
+        return st;
+    cudaStream_t stream = (cudaStream_t)x->stream;
+    scratch      ws;
+    st = scratch_get(x, fa3 ? fa3_fwd_workspace_size(p, &dev) : fa2_fwd_workspace_size(p, &dev), stream, &ws);
+    if (st == FA_OK) {
+        st = fa3 ? fa3_fwd_run(p, &dev, ws.ptr, stream) : fa2_fwd_run(p, &dev, ws.ptr, stream);
+        st = scratch_put(&ws, stream, st);
+    }
+    device_leave(prev);
+    return st;
+}
+
+/* The backward always runs FA2 (FA3 is a forward kernel); exec.kernel does not change it. */
+extern "C" fa_status fa_cuda_bwd(const fa_params *p, const fa_exec *x) {
+    fa_cuda_device dev;
+    int            prev;
+    fa_status      st;
+    if ((st = device_get(x, &dev)) || (st = fa2_bwd_supported(p, &dev)) || (st = device_enter(&dev, &prev)))
+        return st;
+    cudaStream_t stream = (cudaStream_t)x->stream;
+    scratch      ws;
+    st = scratch_get(x, fa2_bwd_workspace_size(p, &dev), stream, &ws);
+    if (st == FA_OK) {
+        st = fa2_bwd_run(p, &dev, ws.ptr, stream);
+        st = scratch_put(&ws, stream, st);
+    }
+    device_leave(prev);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Naive backend (naive.cu)
+ * ------------------------------------------------------------------------------------------------------- */
+
+extern "C" fa_status fa_naive_check(const fa_params *p, const fa_exec *x, int backward) {
+    fa_cuda_device dev;
+    fa_status      st;
+    if ((st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev))) return st;
+    return naive_supported(p, &dev, backward);
+}
+
+extern "C" fa_status fa_naive_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {
+    fa_cuda_device dev;
+    fa_status      st = device_get(x, &dev);
+    if (st == FA_OK && (st = naive_supported(p, &dev, backward)) == FA_OK) *bytes = naive_workspace_size(p, &dev, backward);
+    return st;
+}
+
+static fa_status naive_run(const fa_params *p, const fa_exec *x, int backward) {
+    fa_cuda_device dev;
+    int            prev;
+    fa_status      st;
+    if ((st = device_get(x, &dev)) || (st = naive_supported(p, &dev, backward)) || (st = device_enter(&dev, &prev)))
+        return st;
+    cudaStream_t stream = (cudaStream_t)x->stream;
+    scratch      ws;
+    st = scratch_get(x, naive_workspace_size(p, &dev, backward), stream, &ws);
+    if (st == FA_OK) {
+        st = backward ? naive_bwd_run(p, &dev, ws.ptr, stream) : naive_fwd_run(p, &dev, ws.ptr, stream);
+        st = scratch_put(&ws, stream, st);
+    }
+    device_leave(prev);
+    return st;
+}
+
+extern "C" fa_status fa_naive_fwd(const fa_params *p, const fa_exec *x) {
+    return naive_run(p, x, 0);
+}
+
+extern "C" fa_status fa_naive_bwd(const fa_params *p, const fa_exec *x) {
+    return naive_run(p, x, 1);
+}

@@ -1,0 +1,210 @@
+/*
+ * common.cuh - device functions shared by the CUDA kernels (sm_80+): 16-bit element types and the tensor-core
+ * mma.sync m16n8k16 (fp32 accumulate), ldmatrix, cp.async, padded (and XOR-swizzled) shared-memory tiles,
+ * warp reductions, exp2 and conversions. Everything is static inline; nothing here allocates or launches.
+ *
+ * Fragment layouts of mma.sync m16n8k16 (lane = thread % 32, g = lane / 4, t = lane % 4); each 32-bit register
+ * holds two 16-bit values, the lower column (or k) index in the low half:
+ *   A (16 x 16, row-major):  a0 = (row g,   k 2t..2t+1)   a1 = (row g+8, k 2t..2t+1)
+ *                            a2 = (row g,   k 2t+8..+9)   a3 = (row g+8, k 2t+8..+9)
+ *   B (16 x 8, k by n):      b0 = (k 2t..2t+1, col g)     b1 = (k 2t+8..+9, col g)
+ *   C (16 x 8, fp32):        c0, c1 = (row g, cols 2t, 2t+1)   c2, c3 = (row g+8, cols 2t, 2t+1)
+ * The C fragments of two adjacent n8 tiles, converted to 16 bits, are exactly an A fragment (a0 = c0,c1 of the
+ * first tile, a1 = c2,c3 of the first, a2/a3 the same of the second): that is how P goes from the QK^T
+ * accumulator to the PV operand without shared memory.
+ *
+ * Shared-memory tiles (fa_smem_tile) pad each row by 16 bytes, which makes ldmatrix and cp.async free of bank
+ * conflicts with plain row-major addressing.
+ */
+#ifndef FLASHATTN_CUDA_COMMON_CUH
+#define FLASHATTN_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+
+/* ---- 16-bit element types: conversions and the matching mma instruction ---- */
+
+template <typename T> struct fa_elem;
+
+template <> struct fa_elem<__half> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t u) {
+        return __half22float2(*reinterpret_cast<__half2 *>(&u));
+    }
+    static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+    static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+    /* c += a * b (16x16 by 16x8, fp32 accumulators). */
+    static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <> struct fa_elem<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ float2 unpack(uint32_t u) {
+        return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u));
+    }
+    static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+    static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+    static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/* ---- shared memory: addresses, ldmatrix ---- */
+
+static __device__ __forceinline__ uint32_t fa_smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Four 8x8 16-bit matrices: lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes), and
+ * register i receives matrix i as (row lane / 4, columns 2 (lane % 4), +1). The .trans form receives the
+ * transpose: (row 2 (lane % 4), +1 of column lane / 4), which turns row-major K-by-N data into B fragments. */
+static __device__ __forceinline__ void fa_ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void fa_ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+/* Two matrices: lanes 0-15 give the addresses (matrix l / 8). */
+static __device__ __forceinline__ void fa_ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+static __device__ __forceinline__ void fa_ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+}
+
+/* ---- cp.async (global -> shared without registers), groups ---- */
+
+/* 16-byte copy; valid = false reads nothing and fills the 16 destination bytes with zeros (src must still be a
+ * mapped address: pass the tensor's base). .cg: cache in L2 only; a block never re-reads what it copied. */
+static __device__ __forceinline__ void fa_cp_async_16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void fa_cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+/* Waits until at most N of this thread's committed groups are still in flight. Other threads' copies are
+ * visible only after a barrier (__syncthreads) that follows every thread's wait. */
+template <int N> static __device__ __forceinline__ void fa_cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---- shared-memory tiles of 16-bit elements ---- */
+
+/* A kRows x kCols tile of 16-bit elements (kCols a multiple of 8) with each row padded by 16 bytes. The row
+ * stride is then 4 banks (mod 32) away from a multiple of 128 bytes, so the 8 rows an ldmatrix reads at one
+ * 16-byte chunk, and the 16-byte chunks a quarter-warp of cp.async writes, fall in distinct banks; and every
+ * fragment address is a per-lane base plus a compile-time constant (no swizzle arithmetic per access). */
+template <int kRows, int kCols> struct fa_smem_tile {
+    static_assert(kCols % 8 == 0, "tile width must be a multiple of 8 elements");
+    static constexpr int kRowBytes = kCols * 2 + 16;
+    static constexpr int kBytes    = kRows * kRowBytes;
+    static constexpr int kChunks   = kCols / 8; /* 16-byte chunks per row */
+
+    /* Byte offset of 16-byte chunk `chunk` of row `row`. */
+    static __device__ __forceinline__ uint32_t offset(int row, int chunk) {
+        return (uint32_t)(row * kRowBytes + chunk * 16);
+    }
+};
+
+/* XOR swizzle for unpadded tiles whose rows are 128-byte multiples: the chunk index XORed with row % 8 puts
+ * 8 consecutive rows at one chunk in distinct banks (kept for kernels whose shared memory cannot spare the
+ * padding). Returns the byte offset of (row, chunk) for rows of `row_bytes`. */
+static __device__ __forceinline__ uint32_t fa_swizzle_128(int row, int chunk, int row_bytes) {
+    return (uint32_t)(row * row_bytes + ((chunk & ~7) | ((chunk ^ row) & 7)) * 16);
+}
+
+/* Copies rows [0, kRows) of a row-major 16-bit global tile (row r at src + r * row_stride, kCols contiguous
+ * elements) into an fa_smem_tile<kRows, kCols> at smem address dst, with cp.async from kThreads threads.
+ * Rows >= rows_valid are zero-filled and not read. Commits nothing: the caller groups copies.
+ * Needs kRows * row_stride < 2^31 (a thread's offset inside the tile is 32-bit: keeping registers for 64-bit
+ * per-thread addresses alive across a kernel's main loop costs spills). */
+template <int kRows, int kCols, int kThreads, typename T>
+static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *src, int64_t row_stride,
+                                                        int rows_valid, int tid) {
+    typedef fa_smem_tile<kRows, kCols> tile;
+    constexpr int kTotal = kRows * tile::kChunks;
+    static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among the threads");
+    if constexpr (kThreads % tile::kChunks == 0) {
+        /* Each thread copies one chunk column, every kStep-th row. The loop stays rolled: unrolled, the
+         * compiler keeps one address per copy alive. */
+        constexpr int kStep = kThreads / tile::kChunks;
+        const int     row0 = tid / tile::kChunks, chunk = tid % tile::kChunks;
+        uint32_t      s    = dst + tile::offset(row0, chunk);
+        const T      *g    = src + (row0 * (int32_t)row_stride + chunk * 8);
+        const int64_t step = kStep * row_stride;
+        int           left = rows_valid - row0; /* rows left for this thread, counting from its current row */
+#pragma unroll 1
+        for (int i = 0; i < kTotal / kThreads; i++) {
+            fa_cp_async_16(s, left > 0 ? g : src, left > 0);
+            s += kStep * tile::kRowBytes;
+            g += step;
+            left -= kStep;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < kTotal / kThreads; i++) {
+            const int  idx   = tid + i * kThreads;
+            const int  row   = idx / tile::kChunks;
+            const int  chunk = idx % tile::kChunks;
+            const bool valid = row < rows_valid;
+            fa_cp_async_16(dst + tile::offset(row, chunk), valid ? src + (row * (int32_t)row_stride + chunk * 8) : src,
+                           valid);
+        }
+    }
+}
+
+/* ---- reductions over the 4 lanes of a quad (one mma row) and over a warp ---- */
+
+static __device__ __forceinline__ float fa_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+static __device__ __forceinline__ float fa_quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+static __device__ __forceinline__ float fa_warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+static __device__ __forceinline__ float fa_warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* ---- math ---- */
+
+/* 2^x in one MUFU op (about 2 ulp; flushes denormal results to 0, so 2^-inf = 0). */
+static __device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#endif /* FLASHATTN_CUDA_COMMON_CUH */
