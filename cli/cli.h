@@ -1,0 +1,89 @@
+/*
+ * cli.h - what the parts of the flashattn command line share: the parsed options, exit codes, and turning
+ * options into a problem and an fa_exec.
+ */
+#ifndef FLASHATTN_CLI_CLI_H
+#define FLASHATTN_CLI_CLI_H
+
+#include <stdint.h>
+
+#include "flashattn.h"
+#include "verify.h"
+
+/* Exit codes */
+enum {
+    EXIT_OK = 0,
+    EXIT_NUMERICAL = 1,   /* check/run: an output outside the tolerance, or not written */
+    EXIT_USAGE = 2,       /* bad option or invalid shape */
+    EXIT_UNSUPPORTED = 3, /* the chosen backend does not support the problem (or is not built / no GPU) */
+    EXIT_RUNTIME = 4      /* out of memory, CUDA error, I/O error */
+};
+
+#define CLI_MAX_BACKENDS 8
+
+typedef struct cli_options {
+    const char *command; /* info, run, check, bench */
+    fa_backend backends[CLI_MAX_BACKENDS];
+    int nbackends; /* 0: auto */
+    fa_dtype dtype;
+    int dtype_given;
+    /* sizes: -1 = not given (the command's default applies) */
+    int32_t batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim;
+    int causal; /* -1 not given, 0 --no-causal, 1 --causal */
+    int32_t window_left, window_right;
+    float softcap, scale;
+    int alibi, varlen, bwd, deterministic;
+    int seed_given;
+    uint64_t seed;
+    int32_t threads;
+    fa_kernel kernel;
+    int32_t repeats, warmup, rows; /* -1: defaults */
+    const char *csv, *sweep, *plot, *peers;
+} cli_options;
+
+/* The backend "auto" stands for: CUDA when built and a GPU is present, else the CPU. */
+fa_backend cli_auto_backend(void);
+const char *cli_backend_name(fa_backend b);
+const char *cli_dtype_name(fa_dtype t);
+
+/* Exit code for a library status (2 invalid, 3 unsupported / not built / no device, 4 otherwise). */
+int cli_exit_code(fa_status st);
+
+/* Prints "flashattn: <what>: <fa_last_error()> [--option, ...]" naming the options behind the fields the
+ * message mentions, and returns the exit code for st. */
+int cli_report_status(fa_status st, const char *what, const char *detail);
+
+/* Fills what the options left open with a command's defaults: f32 on the CPU, bf16 on a GPU (gpu = 1 for
+ * the CUDA and naive backends), heads_kv = heads, seqlen_k = seqlen_q. */
+void cli_set_defaults(cli_options *o, int gpu, int32_t batch, int32_t heads, int32_t seqlen, int32_t head_dim,
+                      int causal);
+
+/* The problem config for the options (defaults already filled in by the command). */
+void cli_config(const cli_options *o, vf_config *c);
+
+/* Checks the shape with the library's validation before anything is allocated, then builds the problem
+ * and checks it against backend b. Returns EXIT_OK or the exit code after printing why. */
+int cli_make_problem(const cli_options *o, fa_backend b, int backward, vf_problem *pr);
+
+fa_exec cli_exec(const cli_options *o, fa_backend b);
+
+/* One-line description of a problem for headers ("bf16, batch 2, heads 16/16, seqlen 4096/4096, ..."). */
+void cli_describe(const cli_options *o, char *buf, int size);
+
+/* "NVIDIA H200" for the CUDA backends when a GPU is present, else "cpu (N threads)". */
+void cli_device_name(fa_backend b, const cli_options *o, char *buf, int size);
+
+int cli_bench(cli_options *o);
+
+/* Peer results written by bench/peer_bench.py --json. */
+typedef struct peer_record {
+    char impl[48];
+    char pass[8]; /* "fwd" or "bwd" */
+    int head_dim, causal, seqlen, batch, heads;
+    double tflops;
+} peer_record;
+
+/* Reads the JSON list of records; returns the count (and *out, to free) or -1 with a message in err. */
+int peers_read(const char *path, peer_record **out, char *err, int err_size);
+
+#endif /* FLASHATTN_CLI_CLI_H */
