@@ -1,0 +1,380 @@
+/*
+ * cpu_bwd.c - FlashAttention-2 backward on the CPU (Algorithm 2 of the paper).
+ *
+ * A first pass computes D = rowsum(dO * O) from the given O and a copy of Q pre-multiplied by softmax_scale,
+ * exactly as the forward scales it: the recomputed scores are then bit-identical to the forward's, so P is
+ * consistent with the LSE the forward produced from them (a differently rounded recomputation would put
+ * the whole score rounding error into P). Then a task is one (batch, kv head) and one chunk of its key
+ * blocks (chunk c of C takes blocks c, c + C, ...). For each key block K_j, V_j it walks every query head of
+ * the GQA group and every query block Q_i that can see the block:
+ *
+ *     S = (scale Q_i) K_j^T,  dP = dO_i V_j^T                (K_j^T, V_j^T packed once per key block)
+ *     P = exp2((S - LSE_i) log2 e)                            P recomputed from the given LSE
+ *     dS = P * (dP - D_i)  (* (1 - tanh^2) with softcap)
+ *     dV_j += P^T dO_i,  dK_j += dS^T (scale Q_i)             in fp32 tiles, written once per key block
+ *     dQ_i += dS K_j                                           into the chunk's own fp32 dQ buffer, times
+ *                                                              scale when stored
+ *
+ * so dK and dV need no reduction and are summed over the GQA group inside one task. dQ gets contributions
+ * from every chunk: each chunk has its own fp32 buffer, and a last pass adds the C buffers in chunk order and
+ * converts. C depends only on the shape and the thread count, so the result is bit-identical run to run
+ * (deterministic = 1 costs nothing here). Chunks are dispensed largest first, which keeps the threads
+ * balanced under a causal mask too.
+ */
+#include "cpu/cpu_internal.h"
+
+typedef struct bwd_layout {
+    int64_t *q_prefix, *k_prefix;
+    float *delta;                /* D: (heads_q, tokens_q) */
+    float *lse;                  /* the LSE, +inf for rows that see no key (so P = 0): (heads_q, tokens_q) */
+    float *q_scaled, *do_packed; /* packed fp32 copies; Q times softmax_scale */
+    float *dq_acc;               /* (chunks, heads_q, query blocks, FA_BWD_BR, row width) */
+    uint8_t *dq_touched;         /* (chunks, heads_q, query blocks) */
+    char *scratch;
+    size_t scratch_bytes;
+    int64_t chunks, nqb_max; /* nqb_max: bound on the number of query blocks of the batch */
+} bwd_layout;
+
+typedef struct bwd_scratch {
+    float *kt, *vt;  /* (head_dim, FA_BWD_BC): K_j^T and V_j^T */
+    float *k;        /* (FA_BWD_BC, row stride): K_j */
+    float *dk, *dv;  /* (FA_BWD_BC, row width) */
+    float *s, *ds;   /* (FA_BWD_BR, FA_BWD_BC): S then P; dP then dS */
+    float *q, *dout; /* (FA_BWD_BR, row stride): zero-padded copies of a partial query block */
+} bwd_scratch;
+
+static bwd_scratch bwd_scratch_carve(const fa_params *p, fa_arena *a) {
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    bwd_scratch s;
+    s.kt = fa_arena_take(a, sizeof(float) * d * FA_BWD_BC);
+    s.vt = fa_arena_take(a, sizeof(float) * d * FA_BWD_BC);
+    s.k = fa_arena_take(a, sizeof(float) * FA_BWD_BC * fa_cpu_row_stride(p));
+    s.dk = fa_arena_take(a, sizeof(float) * FA_BWD_BC * w);
+    s.dv = fa_arena_take(a, sizeof(float) * FA_BWD_BC * w);
+    s.s = fa_arena_take(a, sizeof(float) * FA_BWD_BR * FA_BWD_BC);
+    s.ds = fa_arena_take(a, sizeof(float) * FA_BWD_BR * FA_BWD_BC);
+    s.q = fa_arena_take(a, sizeof(float) * FA_BWD_BR * fa_cpu_row_stride(p));
+    s.dout = fa_arena_take(a, sizeof(float) * FA_BWD_BR * fa_cpu_row_stride(p));
+    return s;
+}
+
+/* Chunks of key blocks per (batch, kv head): enough tasks for about two per thread. */
+static int64_t bwd_chunks(const fa_params *p, int threads) {
+    int64_t most = 0;
+    for (int64_t b = 0; b < p->batch; b++) most = fa_max64(most, fa_ceil_div(fa_seq_get(p, b).len_k, FA_BWD_BC));
+    int64_t c = fa_ceil_div(2 * (int64_t)threads, (int64_t)p->batch * p->heads_kv);
+    return fa_max64(1, fa_min64(c, most));
+}
+
+static size_t bwd_layout_carve(const fa_params *p, int threads, char *base, bwd_layout *L) {
+    fa_arena a = { base, 0 };
+    const int64_t w = fa_cpu_row_width(p), ld = fa_cpu_row_stride(p);
+    const int64_t tq = fa_cpu_tokens(p, 0);
+    L->chunks = bwd_chunks(p, threads);
+    L->nqb_max = tq / FA_BWD_BR + p->batch;
+    L->q_prefix = fa_arena_take(&a, sizeof(int64_t) * (p->batch + 1));
+    L->k_prefix = fa_arena_take(&a, sizeof(int64_t) * (p->batch + 1));
+    L->delta = fa_arena_take(&a, sizeof(float) * p->heads_q * tq);
+    L->lse = fa_arena_take(&a, sizeof(float) * p->heads_q * tq);
+    L->q_scaled = fa_arena_take(&a, sizeof(float) * p->heads_q * tq * ld);
+    L->do_packed = fa_arena_take(&a, sizeof(float) * p->heads_q * tq * ld);
+    L->dq_acc = fa_arena_take(&a, sizeof(float) * L->chunks * p->heads_q * L->nqb_max * FA_BWD_BR * w);
+    L->dq_touched = fa_arena_take(&a, (size_t)(L->chunks * p->heads_q * L->nqb_max));
+    fa_arena scratch = { NULL, 0 };
+    bwd_scratch_carve(p, &scratch);
+    L->scratch_bytes = (scratch.used + 63) & ~(size_t)63;
+    L->scratch = fa_arena_take(&a, L->scratch_bytes * threads);
+    return a.used;
+}
+
+size_t fa_cpu_bwd_workspace(const fa_params *p, int threads) {
+    bwd_layout L;
+    return bwd_layout_carve(p, threads, NULL, &L);
+}
+
+typedef struct bwd_ctx {
+    const fa_params *p;
+    const bwd_layout *L;
+    fa_tensor q, dout; /* views of the packed copies */
+    int64_t group, nqb, tq;
+} bwd_ctx;
+
+/* Rows [i0, i0 + rows) of a packed query-side copy for the micro-kernel: in place when the block is whole,
+ * else copied into tile with zero rows up to a multiple of FA_MR (the rows past the sequence may belong to
+ * the next one). The row stride comes back through *ld. */
+static const float *bwd_query_rows(const bwd_ctx *cx, const fa_tensor *t, float *tile, int64_t b, int64_t tok,
+                                   int64_t i0, int64_t rows, int64_t h, int64_t *ld) {
+    const fa_params *p = cx->p;
+    const float *src = (const float *)t->data + fa_offset(p, t, b, tok, i0, h);
+    const int64_t w = fa_cpu_row_width(p);
+    *ld = t->stride_seq;
+    if (rows == FA_BWD_BR) return src;
+    for (int64_t r = 0; r < fa_round_up(rows, FA_MR); r++) {
+        if (r < rows)
+            memcpy(tile + r * *ld, src + r * *ld, sizeof(float) * w);
+        else
+            memset(tile + r * *ld, 0, sizeof(float) * w);
+    }
+    return tile;
+}
+
+/* P and dS of one (query block, key block) from S and dP, in place: s becomes P, ds (holding dP) becomes
+ * dS. rows x ncols; keys at or past nk and rows at or past mrows get P = dS = 0. */
+static void bwd_softmax_grad(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, int64_t h, const fa_seq *s, int64_t i0,
+                             int64_t mrows, int64_t rows, int64_t j0, int64_t nk, int64_t ncols, int full) {
+    const fa_params *p = cx->p;
+    const float cap = p->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const float slope = fa_alibi_slope(p, b, h);
+    const fa_vf log2e = fa_vset1(FA_LOG2E);
+    const fa_vf ninf = fa_vset1(-__builtin_inff());
+    const fa_vi jbase = fa_viota() + (int32_t)j0;
+    for (int64_t r = 0; r < rows; r++) {
+        float *srow = sc->s + r * FA_BWD_BC, *dsrow = sc->ds + r * FA_BWD_BC;
+        if (r >= mrows) {
+            memset(srow, 0, sizeof(float) * ncols);
+            memset(dsrow, 0, sizeof(float) * ncols);
+            continue;
+        }
+        const int64_t ix = h * cx->tq + (fa_is_varlen(p) ? s->tok_q : b * p->seqlen_q) + i0 + r;
+        const fa_vf lse = fa_vset1(cx->L->lse[ix]), dlt = fa_vset1(cx->L->delta[ix]);
+        if (full && cap == 0.0f && slope == 0.0f) {
+            for (int64_t c = 0; c < ncols; c += FA_VL) {
+                fa_vf pr = fa_vexp2_nonpos((fa_vload(srow + c) - lse) * log2e);
+                fa_vstore(srow + c, pr);
+                fa_vstore(dsrow + c, pr * (fa_vload(dsrow + c) - dlt));
+            }
+            continue;
+        }
+        int64_t lo, hi;
+        fa_key_range(i0 + r, s->len_q, s->len_k, p->window_left, p->window_right, &lo, &hi);
+        hi = fa_min64(hi, j0 + nk);
+        const fa_vi lov = fa_viset1((int32_t)lo), hiv = fa_viset1((int32_t)hi);
+        const float qpos = (float)(i0 + r + s->len_k - s->len_q);
+        for (int64_t c = 0; c < ncols; c += FA_VL) {
+            fa_vf x = fa_vload(srow + c), dcap = fa_vset1(1.0f);
+            if (cap > 0.0f) { /* the forward's operations, in the same order */
+                fa_vf t = fa_vtanh(x * inv_cap);
+                x = t * cap;
+                dcap = 1.0f - t * t;
+            }
+            fa_vi j = jbase + (int32_t)c;
+            if (slope != 0.0f) x = x - slope * fa_vabs(qpos - __builtin_convertvector(j, fa_vf));
+            x = fa_vselect((j >= lov) & (j < hiv), x, ninf);
+            fa_vf pr = fa_vexp2_nonpos((x - lse) * log2e);
+            fa_vstore(srow + c, pr);
+            fa_vstore(dsrow + c, pr * (fa_vload(dsrow + c) - dlt) * dcap);
+        }
+    }
+}
+
+/* The five products of a (query block, key block); A and B as the micro-kernel reads them. */
+
+/* S = Q K^T or dP = dO V^T: rows x ncols over head_dim; q rows at stride ldq, the panel (head_dim, FA_BWD_BC). */
+FA_NOINLINE void bwd_scores(int64_t rows, int64_t ncols, int64_t d, const float *q, int64_t ldq, const float *panel,
+                            float *out) {
+    fa_gemm(rows, ncols, d, q, ldq, 1, panel, FA_BWD_BC, out, FA_BWD_BC, FA_UK_SET, NULL);
+}
+
+/* dV (+)= P^T dO or dK (+)= dS^T Q: krows x w over the block's mrows query rows. */
+FA_NOINLINE void bwd_key_grad(int64_t krows, int64_t w, int64_t mrows, const float *p, const float *rows, int64_t ld,
+                              float *acc, int first) {
+    if (first)
+        fa_gemm(krows, w, mrows, p, 1, FA_BWD_BC, rows, ld, acc, w, FA_UK_SET, NULL);
+    else
+        fa_gemm(krows, w, mrows, p, 1, FA_BWD_BC, rows, ld, acc, w, FA_UK_ADD, NULL);
+}
+
+/* dQ (+)= dS K: rows x w over the block's nk keys. */
+FA_NOINLINE void bwd_query_grad(int64_t rows, int64_t w, int64_t nk, const float *ds, const float *k, int64_t ldk,
+                                float *dq, int first) {
+    if (first)
+        fa_gemm(rows, w, nk, ds, FA_BWD_BC, 1, k, ldk, dq, w, FA_UK_SET, NULL);
+    else
+        fa_gemm(rows, w, nk, ds, FA_BWD_BC, 1, k, ldk, dq, w, FA_UK_ADD, NULL);
+}
+
+/* K_j (rows, for dQ) and the K_j^T, V_j^T panels, converted to fp32; panels zero past the sequence. */
+static void bwd_pack_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, const fa_seq *s, int64_t kvh, int64_t j0,
+                               int64_t nk) {
+    const fa_params *p = cx->p;
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p), ld = fa_cpu_row_stride(p);
+    float vrow[256];
+    for (int64_t j = 0; j < nk; j++) {
+        float *krow = sc->k + j * ld;
+        fa_cpu_load_row(p->k.data, p->dtype, fa_offset(p, &p->k, b, s->tok_k, j0 + j, kvh), d, krow);
+        fa_cpu_load_row(p->v.data, p->dtype, fa_offset(p, &p->v, b, s->tok_k, j0 + j, kvh), d, vrow);
+        for (int64_t c = d; c < w; c++) krow[c] = 0.0f;
+        for (int64_t c = 0; c < d; c++) {
+            sc->kt[c * FA_BWD_BC + j] = krow[c];
+            sc->vt[c * FA_BWD_BC + j] = vrow[c];
+        }
+    }
+    if (nk < FA_BWD_BC)
+        for (int64_t c = 0; c < d; c++) {
+            memset(sc->kt + c * FA_BWD_BC + nk, 0, sizeof(float) * (FA_BWD_BC - nk));
+            memset(sc->vt + c * FA_BWD_BC + nk, 0, sizeof(float) * (FA_BWD_BC - nk));
+        }
+}
+
+/* Key block jb of (b, kvh): every query head of the group, every query block that sees it. */
+static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int64_t b, int64_t kvh, int64_t jb) {
+    const fa_params *p = cx->p;
+    const bwd_layout *L = cx->L;
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    const fa_seq s = fa_seq_get(p, b);
+    const int64_t j0 = jb * FA_BWD_BC, nk = fa_min64(FA_BWD_BC, s.len_k - j0);
+    const int64_t krows = fa_round_up(nk, FA_MR), ncols = fa_round_up(krows, FA_VL);
+    const int64_t off = s.len_k - s.len_q;
+    /* query rows whose visible range meets [j0, j0 + nk) */
+    const int64_t ibeg = fa_max64(0, p->window_right < 0 ? 0 : j0 - off - p->window_right);
+    const int64_t iend = fa_min64(s.len_q, p->window_left < 0 ? s.len_q : j0 + nk - off + p->window_left);
+    int first = 1;
+
+    if (ibeg < iend) bwd_pack_key_block(cx, sc, b, &s, kvh, j0, nk);
+    for (int64_t h = kvh * cx->group; h < (kvh + 1) * cx->group && ibeg < iend; h++) {
+        for (int64_t ib = ibeg / FA_BWD_BR; ib * FA_BWD_BR < iend; ib++) {
+            const int64_t i0 = ib * FA_BWD_BR, mrows = fa_min64(FA_BWD_BR, s.len_q - i0),
+                          rows = fa_round_up(mrows, FA_MR);
+            int64_t lo_last, hi_last, lo_first, hi_first;
+            fa_key_range(i0, s.len_q, s.len_k, p->window_left, p->window_right, &lo_first, &hi_first);
+            fa_key_range(i0 + mrows - 1, s.len_q, s.len_k, p->window_left, p->window_right, &lo_last, &hi_last);
+            const int full = lo_last <= j0 && hi_first >= j0 + nk && nk == ncols;
+            int64_t ldq, ldo;
+            const float *q = bwd_query_rows(cx, &cx->q, sc->q, b, s.tok_q, i0, mrows, h, &ldq);
+            const float *dO = bwd_query_rows(cx, &cx->dout, sc->dout, b, s.tok_q, i0, mrows, h, &ldo);
+
+            bwd_scores(rows, ncols, d, q, ldq, sc->kt, sc->s);
+            bwd_scores(rows, ncols, d, dO, ldo, sc->vt, sc->ds);
+            bwd_softmax_grad(cx, sc, b, h, &s, i0, mrows, rows, j0, nk, ncols, full);
+            bwd_key_grad(krows, w, mrows, sc->s, dO, ldo, sc->dv, first);
+            bwd_key_grad(krows, w, mrows, sc->ds, q, ldq, sc->dk, first);
+            first = 0;
+
+            const int64_t qg = L->q_prefix[b] + ib;
+            const int64_t slot = (chunk * p->heads_q + h) * L->nqb_max + qg;
+            float *dq = L->dq_acc + slot * FA_BWD_BR * w;
+            bwd_query_grad(rows, w, nk, sc->ds, sc->k, fa_cpu_row_stride(p), dq, !L->dq_touched[slot]);
+            L->dq_touched[slot] = 1;
+        }
+    }
+
+    for (int64_t j = 0; j < nk; j++) {
+        const int64_t ko = fa_offset(p, &p->dk, b, s.tok_k, j0 + j, kvh);
+        const int64_t vo = fa_offset(p, &p->dv, b, s.tok_k, j0 + j, kvh);
+        if (first) {
+            fa_cpu_store_zero_row(p->dk.data, p->dtype, ko, d);
+            fa_cpu_store_zero_row(p->dv.data, p->dtype, vo, d);
+        } else {
+            fa_cpu_store_row(p->dk.data, p->dtype, ko, d, sc->dk + j * w, 1.0f);
+            fa_cpu_store_row(p->dv.data, p->dtype, vo, d, sc->dv + j * w, 1.0f);
+        }
+    }
+}
+
+/* D and the LSE of rows [r0, r1) of sequence b, head h; the packed copies of their Q (times softmax_scale,
+ * rounded as the forward rounds it) and dO rows. */
+static void bwd_prepare_rows(const bwd_ctx *cx, int64_t b, const fa_seq *s, int64_t r0, int64_t r1, int64_t h) {
+    const fa_params *p = cx->p;
+    const int64_t d = p->head_dim;
+    float orow[256];
+    fa_cpu_pack_rows(p, &p->q, &cx->q, b, s->tok_q, r0, r1, h, p->softmax_scale);
+    fa_cpu_pack_rows(p, &p->dout, &cx->dout, b, s->tok_q, r0, r1, h, 1.0f);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *drow = (const float *)cx->dout.data + fa_offset(p, &cx->dout, b, s->tok_q, r, h);
+        fa_cpu_load_row(p->o.data, p->dtype, fa_offset(p, &p->o, b, s->tok_q, r, h), d, orow);
+        /* the micro-kernel's order and rounding: where O equals a row of V (one visible key), D equals that
+         * key's dP exactly and dS = P (dP - D) is exactly 0 */
+        float acc = 0.0f;
+        for (int64_t c = 0; c < d; c++) acc = fa_fmaf(drow[c], orow[c], acc);
+        const int64_t ix = h * cx->tq + (fa_is_varlen(p) ? s->tok_q : b * p->seqlen_q) + r;
+        const float lse = p->lse[fa_lse_index(p, b, s->tok_q, r, h)];
+        cx->L->delta[ix] = acc;
+        cx->L->lse[ix] = lse == -__builtin_inff() ? __builtin_inff() : lse;
+    }
+}
+
+/* dQ of one query block: the chunks' buffers added in chunk order, converted and stored. */
+static void bwd_store_dq(const bwd_ctx *cx, int64_t h, int64_t qg) {
+    const fa_params *p = cx->p;
+    const bwd_layout *L = cx->L;
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    const int64_t b = fa_cpu_block_owner(L->q_prefix, p->batch, qg);
+    const fa_seq s = fa_seq_get(p, b);
+    const int64_t i0 = (qg - L->q_prefix[b]) * FA_BWD_BR, mrows = fa_min64(FA_BWD_BR, s.len_q - i0);
+    int any = 0;
+    float sum[256];
+    for (int64_t c = 0; c < L->chunks; c++) any |= L->dq_touched[(c * p->heads_q + h) * L->nqb_max + qg];
+    for (int64_t r = 0; r < mrows; r++) {
+        const int64_t o = fa_offset(p, &p->dq, b, s.tok_q, i0 + r, h);
+        if (!any) {
+            fa_cpu_store_zero_row(p->dq.data, p->dtype, o, d);
+            continue;
+        }
+        for (int64_t c = 0; c < d; c++) sum[c] = 0.0f;
+        for (int64_t k = 0; k < L->chunks; k++) {
+            const int64_t slot = (k * p->heads_q + h) * L->nqb_max + qg;
+            if (!L->dq_touched[slot]) continue;
+            const float *src = L->dq_acc + (slot * FA_BWD_BR + r) * w;
+            for (int64_t c = 0; c < d; c++) sum[c] += src[c];
+        }
+        fa_cpu_store_row(p->dq.data, p->dtype, o, d, sum, p->softmax_scale);
+    }
+}
+
+fa_status fa_cpu_bwd(const fa_params *p, const fa_exec *x) {
+    if (p->head_dim > 256 || p->head_dim % 8 != 0)
+        return fa_fail(FA_ERR_UNSUPPORTED, "cpu backend: head_dim (%d) must be a multiple of 8 up to 256", p->head_dim);
+    const int threads = fa_cpu_threads(x->num_threads);
+    bwd_layout L;
+    fa_workspace ws;
+    fa_status st = fa_workspace_acquire(x, bwd_layout_carve(p, threads, NULL, &L), &ws);
+    if (st != FA_OK) return st;
+    bwd_layout_carve(p, threads, ws.base, &L);
+    fa_cpu_block_prefix(p, 0, FA_BWD_BR, L.q_prefix);
+    fa_cpu_block_prefix(p, 1, FA_BWD_BC, L.k_prefix);
+
+    bwd_ctx cx;
+    cx.p = p;
+    cx.L = &L;
+    cx.group = p->heads_q / p->heads_kv;
+    cx.nqb = L.q_prefix[p->batch];
+    cx.tq = fa_cpu_tokens(p, 0);
+    cx.q = fa_cpu_packed_view(p, L.q_scaled, 0);
+    cx.dout = fa_cpu_packed_view(p, L.do_packed, 0);
+    memset(L.dq_touched, 0, (size_t)(L.chunks * p->heads_q * L.nqb_max));
+
+    const int64_t bh_kv = (int64_t)p->batch * p->heads_kv;
+    const int64_t n_tasks = bh_kv * L.chunks;
+
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+#endif
+    {
+        fa_arena a = { L.scratch + L.scratch_bytes * (size_t)fa_cpu_thread_id(), 0 };
+        bwd_scratch sc = bwd_scratch_carve(p, &a);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < p->heads_q * cx.nqb; t++) {
+            const int64_t h = t / cx.nqb, qg = t % cx.nqb, b = fa_cpu_block_owner(L.q_prefix, p->batch, qg);
+            const fa_seq s = fa_seq_get(p, b);
+            const int64_t i0 = (qg - L.q_prefix[b]) * FA_BWD_BR;
+            bwd_prepare_rows(&cx, b, &s, i0, fa_min64(s.len_q, i0 + FA_BWD_BR), h);
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < n_tasks; t++) {
+            /* chunk-major: chunk c holds no fewer (and, under a causal mask, no cheaper) blocks than c + 1 */
+            const int64_t chunk = t / bh_kv, b = (t % bh_kv) / p->heads_kv, kvh = t % p->heads_kv;
+            const int64_t nkb = L.k_prefix[b + 1] - L.k_prefix[b];
+            for (int64_t jb = chunk; jb < nkb; jb += L.chunks) bwd_key_block(&cx, &sc, chunk, b, kvh, jb);
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < p->heads_q * cx.nqb; t++) bwd_store_dq(&cx, t / cx.nqb, t % cx.nqb);
+    }
+    fa_workspace_release(&ws);
+    return FA_OK;
+}

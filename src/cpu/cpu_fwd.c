@@ -1,0 +1,300 @@
+/*
+ * cpu_fwd.c - FlashAttention-2 forward on the CPU (Algorithm 1 of the paper, tiled for caches).
+ *
+ * A task is one block of FA_FWD_BR query rows of one (batch, head); OpenMP threads take tasks dynamically, the
+ * costliest (last row blocks, under a causal mask) first. A task keeps Q^T, the scores, the output
+ * accumulator and the row statistics in its thread's scratch and walks the key blocks its rows can see:
+ *
+ *     S^T = K_j Q_i^T          scores transposed (keys x queries), so the softmax statistics of a query row
+ *                              are one vector lane and need no horizontal reductions
+ *     m_new = max(m, rowmax S), P = e^(S - m_new), l = l e^(m - m_new) + rowsum P
+ *     O = diag(e^(m - m_new)) O + P V_j     the rescale is fused into the product's accumulator load
+ *
+ * and divides by l once at the end. Q is pre-multiplied by softmax_scale; scores stay in natural units
+ * (a log2 e folded into the scale would add a systematic rounding to every score that the forward's LSE
+ * carries into the backward) and e^x is computed as exp2(x log2 e). Both products run on the
+ * register-blocked micro-kernel of cpu_simd.h; its A operand is read by broadcasts, so K_j enters as K^T
+ * panels (K is transposed once per call, for every query block and head of the group) and P as the
+ * transposed score tile; its B operand rows (Q^T, V) are contiguous. Before the tasks, a pass writes the
+ * K^T panels and a packed fp32 copy of V (converted from f16/bf16, rows at a cache-friendly stride).
+ */
+#include "cpu/cpu_internal.h"
+
+#include <math.h>
+
+/* Workspace of a forward call. */
+typedef struct fwd_layout {
+    int64_t *q_prefix, *k_prefix; /* blocks per sequence, prefix sums (batch + 1 each) */
+    float *kt;                    /* K^T panels: (heads_kv, key blocks, head_dim, FA_FWD_BC) */
+    float *v_packed;              /* V as packed fp32 rows */
+    char *scratch;                /* per thread, scratch_bytes each */
+    size_t scratch_bytes;
+} fwd_layout;
+
+/* One thread's tiles. */
+typedef struct fwd_scratch {
+    float *qt;        /* (head_dim, FA_FWD_BR): Q^T of the block, pre-scaled */
+    float *st;        /* (FA_FWD_BC, FA_FWD_BR): scores, then probabilities, transposed */
+    float *o;         /* (FA_FWD_BR, row width): output accumulator */
+    float *m, *l;     /* (FA_FWD_BR): running max and sum */
+    float *alpha;     /* (FA_FWD_BR): rescale of the accumulator for the current key block */
+    float *qpos;      /* (FA_FWD_BR): query position on the key axis, for ALiBi */
+    int32_t *lo, *hi; /* (FA_FWD_BR): visible key range of each row */
+} fwd_scratch;
+
+static fwd_scratch fwd_scratch_carve(const fa_params *p, fa_arena *a) {
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    fwd_scratch s;
+    s.qt = fa_arena_take(a, sizeof(float) * d * FA_FWD_BR);
+    s.st = fa_arena_take(a, sizeof(float) * FA_FWD_BC * FA_FWD_BR);
+    s.o = fa_arena_take(a, sizeof(float) * FA_FWD_BR * w);
+    s.m = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
+    s.l = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
+    s.alpha = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
+    s.qpos = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
+    s.lo = fa_arena_take(a, sizeof(int32_t) * FA_FWD_BR);
+    s.hi = fa_arena_take(a, sizeof(int32_t) * FA_FWD_BR);
+    return s;
+}
+
+static size_t fwd_layout_carve(const fa_params *p, int threads, char *base, fwd_layout *L) {
+    fa_arena a = { base, 0 };
+    const int64_t nkb = fa_cpu_tokens(p, 1) / FA_FWD_BC + p->batch; /* >= the sum of per-sequence key blocks */
+    L->q_prefix = fa_arena_take(&a, sizeof(int64_t) * (p->batch + 1));
+    L->k_prefix = fa_arena_take(&a, sizeof(int64_t) * (p->batch + 1));
+    L->kt = fa_arena_take(&a, sizeof(float) * p->heads_kv * nkb * p->head_dim * FA_FWD_BC);
+    L->v_packed = fa_arena_take(&a, sizeof(float) * p->heads_kv * fa_cpu_tokens(p, 1) * fa_cpu_row_stride(p));
+    fa_arena scratch = { NULL, 0 };
+    fwd_scratch_carve(p, &scratch);
+    L->scratch_bytes = (scratch.used + 63) & ~(size_t)63;
+    L->scratch = fa_arena_take(&a, L->scratch_bytes * threads);
+    return a.used;
+}
+
+size_t fa_cpu_fwd_workspace(const fa_params *p, int threads) {
+    fwd_layout L;
+    return fwd_layout_carve(p, threads, NULL, &L);
+}
+
+/* What every task of a call shares. */
+typedef struct fwd_ctx {
+    const fa_params *p;
+    const fwd_layout *L;
+    fa_tensor v;   /* view of the packed copy of V */
+    int64_t nkb;   /* key blocks in the batch */
+    int64_t group; /* heads_q / heads_kv */
+} fwd_ctx;
+
+/* K^T panel of key block kg (numbered across the batch) of kv head h, zero past the sequence, and the packed
+ * copy of the block's V rows. */
+static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
+    const fa_params *p = cx->p;
+    const int64_t d = p->head_dim;
+    const int64_t b = fa_cpu_block_owner(cx->L->k_prefix, p->batch, kg);
+    const fa_seq s = fa_seq_get(p, b);
+    const int64_t j0 = (kg - cx->L->k_prefix[b]) * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
+    float *panel = cx->L->kt + (h * cx->nkb + kg) * d * FA_FWD_BC;
+    float row[256];
+    for (int64_t j = 0; j < nk; j++) {
+        fa_cpu_load_row(p->k.data, p->dtype, fa_offset(p, &p->k, b, s.tok_k, j0 + j, h), d, row);
+        for (int64_t c = 0; c < d; c++) panel[c * FA_FWD_BC + j] = row[c];
+    }
+    for (int64_t c = 0; c < d && nk < FA_FWD_BC; c++)
+        memset(panel + c * FA_FWD_BC + nk, 0, sizeof(float) * (FA_FWD_BC - nk));
+    fa_cpu_pack_rows(p, &p->v, &cx->v, b, s.tok_k, j0, j0 + nk, h, 1.0f);
+}
+
+/*
+ * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the score
+ * modifications (softcap, ALiBi, mask), the running max, P = exp2((S - m) log2 e), the running sum, and the
+ * rescale factors alpha of the accumulator.
+ */
+static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int64_t nk, int masked, float softcap,
+                        float alibi_slope) {
+    const int transform = masked || softcap > 0.0f || alibi_slope != 0.0f;
+    const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    const fa_vf log2e = fa_vset1(FA_LOG2E);
+    const fa_vf ninf = fa_vset1(-__builtin_inff());
+    for (int64_t v = v0; v < nv; v++) {
+        float *col = sc->st + v * FA_VL;
+        fa_vf m_old = fa_vload(sc->m + v * FA_VL), mx = m_old;
+        if (!transform) {
+            for (int64_t j = 0; j < nk; j++) mx = fa_vmax(mx, fa_vload(col + j * FA_FWD_BR));
+        } else {
+            const fa_vi lo = *(const fa_vi_u *)(sc->lo + v * FA_VL), hi = *(const fa_vi_u *)(sc->hi + v * FA_VL);
+            const fa_vf qpos = fa_vload(sc->qpos + v * FA_VL);
+            for (int64_t j = 0; j < nk; j++) {
+                fa_vf x = fa_vload(col + j * FA_FWD_BR);
+                if (softcap > 0.0f) x = fa_vtanh(x * inv_cap) * softcap;
+                if (alibi_slope != 0.0f) x = x - alibi_slope * fa_vabs(qpos - (float)(j0 + j));
+                if (masked) {
+                    fa_vi jj = fa_viset1((int32_t)(j0 + j));
+                    x = fa_vselect((jj >= lo) & (jj < hi), x, ninf);
+                }
+                fa_vstore(col + j * FA_FWD_BR, x);
+                mx = fa_vmax(mx, x);
+            }
+        }
+        /* a row with nothing visible so far keeps m = -inf; subtracting 0 keeps its P at exactly 0 */
+        fa_vf m_use = fa_vselect(mx == ninf, fa_vset1(0.0f), mx);
+        fa_vf alpha = fa_vexp2_nonpos((m_old - m_use) * log2e);
+        fa_vf sum0 = fa_vset1(0.0f), sum1 = fa_vset1(0.0f);
+        int64_t j = 0;
+        for (; j + 2 <= nk; j += 2) {
+            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FA_FWD_BR) - m_use) * log2e);
+            fa_vf p1 = fa_vexp2_nonpos((fa_vload(col + (j + 1) * FA_FWD_BR) - m_use) * log2e);
+            fa_vstore(col + j * FA_FWD_BR, p0);
+            fa_vstore(col + (j + 1) * FA_FWD_BR, p1);
+            sum0 += p0;
+            sum1 += p1;
+        }
+        if (j < nk) {
+            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FA_FWD_BR) - m_use) * log2e);
+            fa_vstore(col + j * FA_FWD_BR, p0);
+            sum0 += p0;
+        }
+        fa_vstore(sc->l + v * FA_VL, fa_vload(sc->l + v * FA_VL) * alpha + (sum0 + sum1));
+        fa_vstore(sc->m + v * FA_VL, mx);
+        fa_vstore(sc->alpha + v * FA_VL, alpha);
+    }
+}
+
+/* S^T = K^T-panel x Q^T: (keys rounded to FA_MR) x (ncols) over head_dim. */
+FA_NOINLINE void fwd_scores(const float *panel, const float *qt, float *st, int64_t m, int64_t ncols, int64_t d) {
+    fa_gemm(m, ncols, d, panel, 1, FA_FWD_BC, qt, FA_FWD_BR, st, FA_FWD_BR, FA_UK_SET, NULL);
+}
+
+/* O = diag(alpha) O + P V: (rows) x (row width) over nk keys. */
+FA_NOINLINE void fwd_pv(const float *st, const float *v, int64_t ldv, float *o, int64_t rows, int64_t w, int64_t nk,
+                        const float *alpha) {
+    fa_gemm(rows, w, nk, st, 1, FA_FWD_BR, v, ldv, o, w, FA_UK_SCALE_ADD, alpha);
+}
+
+static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, int64_t ib) {
+    const fa_params *p = cx->p;
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    const fa_seq s = fa_seq_get(p, b);
+    const int64_t i0 = ib * FA_FWD_BR, mrows = fa_min64(FA_FWD_BR, s.len_q - i0);
+    const int64_t kvh = h / cx->group;
+    /* columns of S^T computed: whole vectors, and at least the rows the P V product covers */
+    const int64_t rows = fa_round_up(mrows, FA_MR), ncols = fa_round_up(rows, FA_VL);
+
+    /* visible key range of each row (empty rows: [0, 0)); the union over the valid rows is [jbeg, jend) */
+    int64_t jbeg = INT64_MAX, jend = 0;
+    for (int64_t i = 0; i < FA_FWD_BR; i++) {
+        int64_t lo = 0, hi = 0;
+        if (i < mrows) fa_key_range(i0 + i, s.len_q, s.len_k, p->window_left, p->window_right, &lo, &hi);
+        if (lo < hi) {
+            jbeg = fa_min64(jbeg, lo);
+            jend = fa_max64(jend, hi);
+        } else {
+            lo = hi = 0;
+        }
+        sc->lo[i] = (int32_t)lo;
+        sc->hi[i] = (int32_t)hi;
+        sc->qpos[i] = (float)(i0 + i + s.len_k - s.len_q);
+        sc->m[i] = -__builtin_inff();
+        sc->l[i] = 0.0f;
+    }
+
+    if (jbeg < jend) {
+        /* Q^T, pre-scaled, zero past the valid rows */
+        float row[256];
+        for (int64_t i = 0; i < ncols; i++) {
+            if (i < mrows) {
+                fa_cpu_load_row(p->q.data, p->dtype, fa_offset(p, &p->q, b, s.tok_q, i0 + i, h), d, row);
+                for (int64_t c = 0; c < d; c++) sc->qt[c * FA_FWD_BR + i] = row[c] * p->softmax_scale;
+            } else {
+                for (int64_t c = 0; c < d; c++) sc->qt[c * FA_FWD_BR + i] = 0.0f;
+            }
+        }
+        memset(sc->o, 0, sizeof(float) * rows * w);
+        const float slope = fa_alibi_slope(p, b, h);
+        const float *kt = cx->L->kt + (kvh * cx->nkb + cx->L->k_prefix[b]) * d * FA_FWD_BC;
+        for (int64_t kb = jbeg / FA_FWD_BC; kb * FA_FWD_BC < jend; kb++) {
+            const int64_t j0 = kb * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
+            /* rows before qlo see nothing of this block (their statistics stay, alpha = 1): the block's work
+             * starts at c0, the multiple of FA_QALIGN at or below qlo (under a causal mask, about half of a
+             * diagonal block) */
+            int64_t qlo = 0;
+            while (qlo < mrows && sc->hi[qlo] <= j0) qlo++;
+            const int64_t c0 = qlo / FA_QALIGN * FA_QALIGN;
+            int full = 1; /* every row from c0 on sees the whole block: no mask */
+            for (int64_t i = c0; i < mrows && full; i++) full = sc->lo[i] <= j0 && sc->hi[i] >= j0 + nk;
+            fwd_scores(kt + kb * d * FA_FWD_BC, sc->qt + c0, sc->st + c0, fa_round_up(nk, FA_MR), ncols - c0, d);
+            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope);
+            const float *vrow = (const float *)cx->v.data + fa_offset(p, &cx->v, b, s.tok_k, j0, kvh);
+            fwd_pv(sc->st + c0, vrow, cx->v.stride_seq, sc->o + c0 * w, rows - c0, w, nk, sc->alpha + c0);
+        }
+    }
+
+    for (int64_t i = 0; i < mrows; i++) {
+        const int64_t oo = fa_offset(p, &p->o, b, s.tok_q, i0 + i, h);
+        const int empty = !(sc->l[i] > 0.0f);
+        if (empty)
+            fa_cpu_store_zero_row(p->o.data, p->dtype, oo, d);
+        else
+            fa_cpu_store_row(p->o.data, p->dtype, oo, d, sc->o + i * w, 1.0f / sc->l[i]);
+        if (p->lse)
+            p->lse[fa_lse_index(p, b, s.tok_q, i0 + i, h)] =
+                empty ? -__builtin_inff() : (float)((double)sc->m[i] + log((double)sc->l[i]));
+    }
+}
+
+fa_status fa_cpu_fwd(const fa_params *p, const fa_exec *x) {
+    if (p->head_dim > 256 || p->head_dim % 8 != 0)
+        return fa_fail(FA_ERR_UNSUPPORTED, "cpu backend: head_dim (%d) must be a multiple of 8 up to 256", p->head_dim);
+    const int threads = fa_cpu_threads(x->num_threads);
+    fwd_layout L;
+    fa_workspace ws;
+    fa_status st = fa_workspace_acquire(x, fwd_layout_carve(p, threads, NULL, &L), &ws);
+    if (st != FA_OK) return st;
+    fwd_layout_carve(p, threads, ws.base, &L);
+    fa_cpu_block_prefix(p, 0, FA_FWD_BR, L.q_prefix);
+    fa_cpu_block_prefix(p, 1, FA_FWD_BC, L.k_prefix);
+
+    fwd_ctx cx;
+    cx.p = p;
+    cx.L = &L;
+    cx.v = fa_cpu_packed_view(p, L.v_packed, 1);
+    cx.nkb = L.k_prefix[p->batch];
+    cx.group = p->heads_q / p->heads_kv;
+
+    const int64_t n_pack = (int64_t)p->heads_kv * cx.nkb;
+    const int64_t nqb = L.q_prefix[p->batch], heads = p->heads_q;
+    const int64_t n_tasks = nqb * heads;
+    const int dense = !fa_is_varlen(p);
+    const int64_t per_level = (int64_t)p->batch * heads, levels = fa_ceil_div(p->seqlen_q, FA_FWD_BR);
+
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+#endif
+    {
+        fa_arena a = { L.scratch + L.scratch_bytes * (size_t)fa_cpu_thread_id(), 0 };
+        fwd_scratch sc = fwd_scratch_carve(p, &a);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < n_pack; t++) fwd_pack_keys(&cx, t / cx.nkb, t % cx.nkb);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t t = 0; t < n_tasks; t++) {
+            int64_t b, h, ib;
+            if (dense) { /* the last row blocks (the costliest under a causal mask) of every sequence first */
+                int64_t level = t / per_level, r = t % per_level;
+                ib = levels - 1 - level;
+                b = r / heads;
+                h = r % heads;
+            } else {
+                int64_t g = nqb - 1 - t / heads;
+                h = t % heads;
+                b = fa_cpu_block_owner(L.q_prefix, p->batch, g);
+                ib = g - L.q_prefix[b];
+            }
+            fwd_block(&cx, &sc, b, h, ib);
+        }
+    }
+    fa_workspace_release(&ws);
+    return FA_OK;
+}

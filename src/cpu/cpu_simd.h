@@ -1,0 +1,259 @@
+/*
+ * cpu_simd.h - the SIMD layer of the CPU backend: vector types sized by the target (GCC vector extensions),
+ * a vectorised exp and tanh, fp16/bf16 row conversion, and the register-blocked matrix micro-kernel that
+ * every product of the forward and backward is built from.
+ *
+ * Width: 64-byte vectors with AVX-512, 32 with AVX/AVX2, 16 otherwise (the compiler lowers those to
+ * whatever the target has, scalars included).
+ */
+#ifndef FLASHATTN_CPU_SIMD_H
+#define FLASHATTN_CPU_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define FA_VL 16 /* floats per vector */
+#define FA_MR 12 /* rows of the micro-kernel's accumulator block */
+#elif defined(__AVX__)
+#define FA_VL 8
+#define FA_MR 6
+#else
+#define FA_VL 4
+#define FA_MR 6
+#endif
+#define FA_NR 2 /* vectors per row of the accumulator block */
+
+/* lcm(FA_MR, FA_VL): a query offset that is both whole micro-kernel rows and whole vectors. */
+#define FA_QALIGN (FA_VL == 16 ? 48 : FA_VL == 8 ? 24 : 12)
+
+#define FA_INLINE static inline __attribute__((always_inline))
+/* For the functions that wrap one product: kept out of line so each gets the registers to itself. */
+#define FA_NOINLINE  static __attribute__((noinline))
+#define FA_STR_(x)   #x
+#define FA_UNROLL(n) _Pragma(FA_STR_(GCC unroll n))
+
+typedef float fa_vf __attribute__((vector_size(FA_VL * 4)));
+typedef int32_t fa_vi __attribute__((vector_size(FA_VL * 4)));
+/* For loads and stores at any float-aligned address. */
+typedef float fa_vf_u __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
+typedef int32_t fa_vi_u __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
+
+FA_INLINE fa_vf fa_vload(const float *p) {
+    return *(const fa_vf_u *)p;
+}
+FA_INLINE void fa_vstore(float *p, fa_vf v) {
+    *(fa_vf_u *)p = v;
+}
+FA_INLINE fa_vf fa_vset1(float x) {
+#if FA_VL == 16
+    return (fa_vf){ x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x };
+#elif FA_VL == 8
+    return (fa_vf){ x, x, x, x, x, x, x, x };
+#else
+    return (fa_vf){ x, x, x, x };
+#endif
+}
+FA_INLINE fa_vi fa_viset1(int32_t x) {
+    return (fa_vi){ 0 } + x;
+}
+/* 0, 1, 2, ... as floats / ints. */
+FA_INLINE fa_vi fa_viota(void) {
+    fa_vi r;
+    for (int i = 0; i < FA_VL; i++) r[i] = i;
+    return r;
+}
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+/* a * b + c, fused where the target has FMA (ISO C mode does not contract a * b + c by itself). */
+FA_INLINE fa_vf fa_vfma(fa_vf a, fa_vf b, fa_vf c) {
+#if defined(__AVX512F__)
+    return _mm512_fmadd_ps(a, b, c);
+#elif defined(__FMA__) && defined(__AVX__)
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+/* The scalar a * b + c rounded exactly as fa_vfma rounds each lane. */
+FA_INLINE float fa_fmaf(float a, float b, float c) {
+#if defined(__AVX512F__) || (defined(__FMA__) && defined(__AVX__))
+    return __builtin_fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+/* mask ? a : b, mask lanes all-ones or zero. */
+FA_INLINE fa_vf fa_vselect(fa_vi mask, fa_vf a, fa_vf b) {
+    return (fa_vf)(((fa_vi)a & mask) | ((fa_vi)b & ~mask));
+}
+FA_INLINE fa_vf fa_vmax(fa_vf a, fa_vf b) {
+#if defined(__AVX512F__)
+    return _mm512_max_ps(a, b);
+#elif defined(__AVX__)
+    return _mm256_max_ps(a, b);
+#else
+    return fa_vselect(a > b, a, b);
+#endif
+}
+FA_INLINE fa_vf fa_vmin(fa_vf a, fa_vf b) {
+#if defined(__AVX512F__)
+    return _mm512_min_ps(a, b);
+#elif defined(__AVX__)
+    return _mm256_min_ps(a, b);
+#else
+    return fa_vselect(a < b, a, b);
+#endif
+}
+FA_INLINE fa_vf fa_vabs(fa_vf a) {
+    return (fa_vf)((fa_vi)a & fa_viset1(0x7fffffff));
+}
+/* 2^n 2^f for integral n in [-127, 127] and |f| <= 1/2 (a little more is fine): 2^f by a degree-6
+ * polynomial (a relative-error fit on [-1/2, 1/2], fit error 2.0e-9), 2^n through the exponent bits (n = -127
+ * gives 0). */
+FA_INLINE fa_vf fa_vexp2_parts(fa_vf n, fa_vf f) {
+    fa_vf p = fa_vset1(1.535336196e-04f);
+    p = fa_vfma(p, f, fa_vset1(1.339887502e-03f));
+    p = fa_vfma(p, f, fa_vset1(9.618436918e-03f));
+    p = fa_vfma(p, f, fa_vset1(5.550332367e-02f));
+    p = fa_vfma(p, f, fa_vset1(2.402264774e-01f));
+    p = fa_vfma(p, f, fa_vset1(6.931471825e-01f));
+    p = fa_vfma(p, f, fa_vset1(1.0f));
+    fa_vi ni = __builtin_convertvector(n, fa_vi);
+    return p * (fa_vf)((ni + 127) << 23);
+}
+
+/* Rounds to the nearest integer, ties to even (|x| < 2^22). */
+FA_INLINE fa_vf fa_vround(fa_vf x) {
+#if defined(__AVX512F__)
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__AVX__)
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    const fa_vf magic = fa_vset1(12582912.0f); /* 1.5 * 2^23: adding it leaves no fraction bits */
+    return (x + magic) - magic;
+#endif
+}
+
+/*
+ * 2^x in fp32, vectorised. Error: at most 1 ulp against exp2() in double (1.2 ulp without FMA; measured by
+ * dev/cpu_bench.c --math). fa_vexp2_nonpos is the softmax version: x is clamped to [-127, 127], and
+ * x < -126.5 gives exactly 0 (the exponent field becomes 0 for n = -127), -inf included, so masked scores
+ * need no special case; NaN gives 0. fa_vexp2 adds x < -126 -> 0 (no subnormal results), x > 127 -> +inf
+ * and NaN -> NaN.
+ */
+FA_INLINE fa_vf fa_vexp2_nonpos(fa_vf x) {
+    fa_vf xc = fa_vmin(fa_vmax(x, fa_vset1(-127.0f)), fa_vset1(127.0f));
+    fa_vf n = fa_vround(xc);
+    return fa_vexp2_parts(n, xc - n);
+}
+
+FA_INLINE fa_vf fa_vexp2(fa_vf x) {
+    fa_vf res = fa_vselect(x < -126.0f, fa_vset1(0.0f), fa_vexp2_nonpos(x));
+    res = fa_vselect(x > 127.0f, fa_vset1(__builtin_inff()), res);
+    return fa_vselect(x != x, x, res);
+}
+
+/* exp(x) in fp32, vectorised: n = round(x log2 e), r = x - n ln 2 in two steps (Cody-Waite; the 9-bit head
+ * of ln 2 makes n * head exact), exp(r) = 2^(r log2 e). Error: at most 2 ulp against exp() in double over
+ * [-87.3, 88.3] (measured). Flushes below 2^-126 to 0, +inf above 88.3 (the true limit is 88.72), NaN -> NaN. */
+FA_INLINE fa_vf fa_vexp(fa_vf x) {
+    fa_vf xc = fa_vmin(fa_vmax(x, fa_vset1(-88.0f)), fa_vset1(88.3f));
+    fa_vf n = fa_vround(xc * 1.44269504088896341f);
+    fa_vf r = fa_vfma(n, fa_vset1(-0.693359375f), xc);
+    r = fa_vfma(n, fa_vset1(2.12194440e-4f), r);
+    fa_vf res = fa_vexp2_parts(n, r * 1.44269504088896341f);
+    res = fa_vselect(x < -87.3365447f, fa_vset1(0.0f), res);
+    res = fa_vselect(x > 88.3f, fa_vset1(__builtin_inff()), res);
+    return fa_vselect(x != x, x, res);
+}
+
+/*
+ * tanh(x) in fp32, vectorised. |x| < 0.625: x + x^3 q(x^2), q of degree 4 fitted for relative error on
+ * [0, 0.625] (fit error 4.4e-9);
+ * otherwise sign(x) (1 - 2 / (exp(2|x|) + 1)), which has no cancellation there. Error: a few ulp (measured
+ * by dev/cpu_bench.c --exp).
+ */
+FA_INLINE fa_vf fa_vtanh(fa_vf x) {
+    fa_vf ax = fa_vabs(x);
+    fa_vf e = fa_vexp(fa_vmin(ax + ax, fa_vset1(88.0f)));
+    fa_vf big = 1.0f - 2.0f / (e + 1.0f);
+    fa_vf x2 = x * x;
+    fa_vf q = fa_vset1(-5.704985000e-03f);
+    q = fa_vfma(q, x2, fa_vset1(2.063908614e-02f));
+    q = fa_vfma(q, x2, fa_vset1(-5.373971537e-02f));
+    q = fa_vfma(q, x2, fa_vset1(1.333144158e-01f));
+    q = fa_vfma(q, x2, fa_vset1(-3.333328068e-01f));
+    fa_vf small = fa_vfma(q * x2, x, x);
+    fa_vi sign = (fa_vi)x & fa_viset1((int32_t)0x80000000u);
+    big = (fa_vf)((fa_vi)big | sign);
+    return fa_vselect(ax < 0.625f, small, big);
+}
+
+/* Mode of a micro-kernel call: C = AB, C += AB, or C = diag(row_scale) C + AB. */
+enum { FA_UK_SET = 0, FA_UK_ADD = 1, FA_UK_SCALE_ADD = 2 };
+
+/*
+ * The micro-kernel: C[FA_MR x nr*FA_VL] (op)= A[FA_MR x kc] B[kc x nr*FA_VL], nr <= FA_NR, with the
+ * accumulators in registers for the whole k loop. Row i of A at step k is a[i * a_row + k * a_k] (one of
+ * the two strides is 1 at every call site, the other a compile-time constant, so every A element is a
+ * broadcast from a fixed offset of one moving pointer); row k of B is b + k * ldb, contiguous; row i of C
+ * is c + i * ldc. Inlined into callers that pass constants for nr, a_row, a_k and mode.
+ */
+FA_INLINE void fa_ukernel(const int nr, int64_t kc, const float *a, const int64_t a_row, const int64_t a_k,
+                          const float *b, const int64_t ldb, float *c, const int64_t ldc, const int mode,
+                          const float *row_scale) {
+    fa_vf acc[FA_MR][FA_NR];
+    FA_UNROLL(16)
+    for (int i = 0; i < FA_MR; i++) {
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) {
+            if (mode == FA_UK_SET) {
+                acc[i][v] = fa_vset1(0.0f);
+            } else {
+                fa_vf x = fa_vload(c + i * ldc + v * FA_VL);
+                acc[i][v] = mode == FA_UK_SCALE_ADD ? x * row_scale[i] : x;
+            }
+        }
+    }
+    for (; kc > 0; kc--) {
+        fa_vf bv[FA_NR];
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) bv[v] = fa_vload(b + v * FA_VL);
+        FA_UNROLL(16)
+        for (int i = 0; i < FA_MR; i++) {
+            fa_vf av = fa_vset1(a[i * a_row]);
+            FA_UNROLL(4)
+            for (int v = 0; v < nr; v++) acc[i][v] = fa_vfma(av, bv[v], acc[i][v]);
+        }
+        a += a_k;
+        b += ldb;
+    }
+    FA_UNROLL(16)
+    for (int i = 0; i < FA_MR; i++) {
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) fa_vstore(c + i * ldc + v * FA_VL, acc[i][v]);
+    }
+}
+
+/*
+ * C[m x n] (op)= A[m x kc] B[kc x n] for m a multiple of FA_MR and n a multiple of FA_VL, as micro-kernel
+ * calls: panels of FA_NR vectors of B outside (a panel stays in L1 while the rows of A pass by).
+ */
+FA_INLINE void fa_gemm(int64_t m, int64_t n, int64_t kc, const float *a, const int64_t a_row, const int64_t a_k,
+                       const float *b, int64_t ldb, float *c, int64_t ldc, const int mode, const float *row_scale) {
+    for (int64_t j = 0; j < n; j += FA_NR * FA_VL) {
+        for (int64_t i = 0; i < m; i += FA_MR) {
+            const float *rs = mode == FA_UK_SCALE_ADD ? row_scale + i : NULL;
+            if (n - j >= FA_NR * FA_VL)
+                fa_ukernel(FA_NR, kc, a + i * a_row, a_row, a_k, b + j, ldb, c + i * ldc + j, ldc, mode, rs);
+            else
+                fa_ukernel(1, kc, a + i * a_row, a_row, a_k, b + j, ldb, c + i * ldc + j, ldc, mode, rs);
+        }
+    }
+}
+
+#endif
