@@ -378,6 +378,7 @@ int cli_bench(cli_options *o) {
     const int warmup = o->warmup >= 0 ? o->warmup : gpu ? 3 : 1;
     const int repeats = o->repeats > 0 ? o->repeats : gpu ? 10 : 5;
     if (o->sweep) return bench_sweep(o, warmup, repeats);
-    cli_set_defaults(o, gpu, gpu ? 2 : 1, gpu ? 16 : 8, gpu ? 4096 : 2048, 128, 1); /* as flashattn run */
+    /* run's problem size, but not causal unless asked, as flash-attn and SDPA default */
+    cli_set_defaults(o, gpu, gpu ? 2 : 1, gpu ? 16 : 8, gpu ? 4096 : 2048, 128, 0);
     return bench_single(o, gpu, warmup, repeats);
 }

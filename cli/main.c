@@ -28,7 +28,7 @@ static const char usage[] =
     "          also dQ, dK, dV); last line 'check: PASS ...' or 'check: FAIL ...'. Default problem: batch 2,\n"
     "          4 heads, seqlen 512, head_dim 64 (128 on a GPU), f32 on the CPU, bf16 on a GPU, not causal\n"
     "  bench   median time of --repeats runs after --warmup runs, TFLOP/s by the FlashAttention-2 paper's\n"
-    "          formula (backward 2.5x forward); same default problem as run. --sweep paper runs the paper's\n"
+    "          formula (backward 2.5x forward); run's problem, not causal unless --causal. --sweep paper runs the paper's\n"
     "          benchmark instead (16k tokens, hidden 2048, seqlen 512..16k, head_dim 64/128/256, causal and\n"
     "          not, bf16, forward and backward)\n"
     "\n"

@@ -150,11 +150,13 @@ part_cpu() {
     : > "$OUT/cpu.log"
     note "cpu: ours, 1 and 16 threads, causal and not"
     for t in 1 16; do
-        for c in "" "--causal"; do
+        for c in "--no-causal" "--causal"; do
+            local tag=full
+            [ "$c" = --causal ] && tag=causal
             echo "== $FA bench $shape --threads $t $c" >> "$OUT/cpu.log"
             # shellcheck disable=SC2086
             OMP_NUM_THREADS=$t OMP_PROC_BIND=close "$FA" bench $shape --threads $t $c \
-                --csv "$EXTRA/cpu-ours-t$t${c:+-causal}.csv" >> "$OUT/cpu.log" 2>&1 || FAILED+=("cpu ours t=$t $c")
+                --csv "$EXTRA/cpu-ours-t$t-$tag.csv" >> "$OUT/cpu.log" 2>&1 || FAILED+=("cpu ours t=$t $c")
         done
     done
     note "cpu: torch CPU SDPA flash"
