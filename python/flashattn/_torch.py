@@ -329,13 +329,23 @@ _varlen_fwd_op.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd
 
 # ---- public functions (flash-attn 2.x signatures) ----
 
+# Head dims the CUDA kernels are compiled for; flash-attn likewise rounds a head dim up to its kernel's.
+_CUDA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
 def _pad_head_dim(q, k, v):
-    """The library takes head_dim in multiples of 8; like flash-attn, pad others with zeros (which changes
-    neither Q K^T nor the first head_dim columns of the output; autograd slices the gradients back)."""
-    pad = -q.shape[-1] % 8
-    if pad == 0 or not all(isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == q.shape[-1] for t in (k, v)):
+    """Zero-pads head_dim to what the backend takes: a multiple of 8 on the CPU, the next compiled kernel
+    size on CUDA. Zero columns change neither Q K^T nor the first head_dim columns of the output, and autograd
+    slices the gradients back. The softmax scale is computed from the unpadded head_dim by the caller."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == q.shape[-1] for t in (k, v)):
         return q, k, v  # mismatched head_dims are reported by the op's checks
-    return tuple(torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))
+    d = q.shape[-1]
+    target = d + (-d % 8)
+    if q.is_cuda:
+        target = next((c for c in _CUDA_HEAD_DIMS if c >= d), target)
+    if target == d:
+        return q, k, v
+    return tuple(torch.nn.functional.pad(t, (0, target - d)) for t in (q, k, v))
 
 
 def _options(q, dropout_p, softmax_scale, window_size, softcap):
@@ -351,8 +361,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), heads_q a multiple of
     heads_kv (MQA/GQA). float16, bfloat16 or float32; CUDA tensors run on the GPU (current stream), CPU tensors
-    on the CPU backend. Strides are free except that head_dim must be contiguous. head_dim <= 256; one that is
-    not a multiple of 8 is zero-padded (a copy), as flash-attn does.
+    on the CPU backend. Strides are free except that head_dim must be contiguous. head_dim <= 256; one the
+    backend has no kernel for (CPU: not a multiple of 8; CUDA: not 32/64/96/128/192/256) is zero-padded (a
+    copy), as flash-attn does.
     causal is aligned to the bottom right when seqlen_q != seqlen_k; window_size=(left, right), -1 = unbounded;
     softcap > 0 applies softcap * tanh(S / softcap); alibi_slopes: float32 (heads_q,) or (batch, heads_q).
     dropout_p must be 0.0 (dropout is not implemented).
