@@ -5,9 +5,11 @@
  *
  *   cc -O2 -march=native -fopenmp -Iinclude -Isrc dev/cpu_bench.c build/libflashattn.a -lm -o cpu_bench
  *   ./cpu_bench [--threads N] [--batch B] [--heads H] [--heads-kv HK] [--seqlen N] [--head-dim D]
- *               [--dtype f32|f16|bf16] [--causal] [--reps R] [--no-bwd] [--no-workspace] [--math]
+ *               [--dtype f32|f16|bf16] [--causal] [--reps R] [--no-bwd] [--no-workspace] [--math] [--peak]
  *
  * --math measures the SIMD exp2/exp/tanh against libm in double (max ulp) instead of timing.
+ * --peak measures one core's multiply-add peak (independent register-only fma chains) in GFLOP/s, the
+ * ceiling to compare the single-thread figures with.
  * --no-workspace lets the library allocate its workspace in every call (the default passes one).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -96,6 +98,24 @@ static int math_check(void) {
     return 0;
 }
 
+static int peak_check(void) {
+    enum { CHAINS = 24 };
+    fa_vf acc[CHAINS], x = fa_vset1(0.999999f), y = fa_vset1(1e-7f);
+    for (int i = 0; i < CHAINS; i++) acc[i] = fa_vset1((float)i);
+    const long iters = 20000000;
+    double t = now();
+    for (long k = 0; k < iters; k++) {
+        FA_UNROLL(24)
+        for (int i = 0; i < CHAINS; i++) acc[i] = fa_vfma(acc[i], x, y);
+    }
+    t = now() - t;
+    float sum = 0.0f;
+    for (int i = 0; i < CHAINS; i++) sum += acc[i][0];
+    printf("one core's fma peak: %.1f GFLOP/s (%d-float vectors; checksum %g)\n",
+           2.0 * FA_VL * CHAINS * (double)iters / t * 1e-9, FA_VL, (double)sum);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int threads = 0, batch = 1, heads = 8, heads_kv = 0, seqlen = 2048, dim = 128, causal = 0, reps = 5;
     int bwd = 1, own_ws = 1;
@@ -125,6 +145,8 @@ int main(int argc, char **argv) {
             own_ws = 0;
         else if (!strcmp(a, "--math"))
             return math_check();
+        else if (!strcmp(a, "--peak"))
+            return peak_check();
         else if (!strcmp(a, "--dtype") && next) {
             const char *t = argv[++i];
             dtype = !strcmp(t, "f16") ? FA_F16 : !strcmp(t, "bf16") ? FA_BF16 : FA_F32;

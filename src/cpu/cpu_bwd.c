@@ -23,6 +23,9 @@
  */
 #include "cpu/cpu_internal.h"
 
+/* Row stride of the S/P and dP/dS tiles. */
+#define BWD_LDS FA_TILE_LD(FA_BWD_BC)
+
 typedef struct bwd_layout {
     int64_t *q_prefix, *k_prefix;
     float *delta;                /* D: (heads_q, tokens_q) */
@@ -36,23 +39,23 @@ typedef struct bwd_layout {
 } bwd_layout;
 
 typedef struct bwd_scratch {
-    float *kt, *vt;  /* (head_dim, FA_BWD_BC): K_j^T and V_j^T */
+    float *kt, *vt;  /* (FA_BWD_BC / FA_VL, head_dim, FA_VL): K_j^T and V_j^T in strips */
     float *k;        /* (FA_BWD_BC, row stride): K_j */
-    float *dk, *dv;  /* (FA_BWD_BC, row width) */
-    float *s, *ds;   /* (FA_BWD_BR, FA_BWD_BC): S then P; dP then dS */
+    float *dk, *dv;  /* (FA_BWD_BC, row stride) */
+    float *s, *ds;   /* (FA_BWD_BR, BWD_LDS): S then P; dP then dS */
     float *q, *dout; /* (FA_BWD_BR, row stride): zero-padded copies of a partial query block */
 } bwd_scratch;
 
 static bwd_scratch bwd_scratch_carve(const fa_params *p, fa_arena *a) {
-    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    const int64_t d = p->head_dim, ld = fa_cpu_row_stride(p);
     bwd_scratch s;
     s.kt = fa_arena_take(a, sizeof(float) * d * FA_BWD_BC);
     s.vt = fa_arena_take(a, sizeof(float) * d * FA_BWD_BC);
-    s.k = fa_arena_take(a, sizeof(float) * FA_BWD_BC * fa_cpu_row_stride(p));
-    s.dk = fa_arena_take(a, sizeof(float) * FA_BWD_BC * w);
-    s.dv = fa_arena_take(a, sizeof(float) * FA_BWD_BC * w);
-    s.s = fa_arena_take(a, sizeof(float) * FA_BWD_BR * FA_BWD_BC);
-    s.ds = fa_arena_take(a, sizeof(float) * FA_BWD_BR * FA_BWD_BC);
+    s.k = fa_arena_take(a, sizeof(float) * FA_BWD_BC * ld);
+    s.dk = fa_arena_take(a, sizeof(float) * FA_BWD_BC * ld);
+    s.dv = fa_arena_take(a, sizeof(float) * FA_BWD_BC * ld);
+    s.s = fa_arena_take(a, sizeof(float) * FA_BWD_BR * BWD_LDS);
+    s.ds = fa_arena_take(a, sizeof(float) * FA_BWD_BR * BWD_LDS);
     s.q = fa_arena_take(a, sizeof(float) * FA_BWD_BR * fa_cpu_row_stride(p));
     s.dout = fa_arena_take(a, sizeof(float) * FA_BWD_BR * fa_cpu_row_stride(p));
     return s;
@@ -129,7 +132,7 @@ static void bwd_softmax_grad(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, int6
     const fa_vf ninf = fa_vset1(-__builtin_inff());
     const fa_vi jbase = fa_viota() + (int32_t)j0;
     for (int64_t r = 0; r < rows; r++) {
-        float *srow = sc->s + r * FA_BWD_BC, *dsrow = sc->ds + r * FA_BWD_BC;
+        float *srow = sc->s + r * BWD_LDS, *dsrow = sc->ds + r * BWD_LDS;
         if (r >= mrows) {
             memset(srow, 0, sizeof(float) * ncols);
             memset(dsrow, 0, sizeof(float) * ncols);
@@ -169,28 +172,34 @@ static void bwd_softmax_grad(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, int6
 
 /* The five products of a (query block, key block); A and B as the micro-kernel reads them. */
 
-/* S = Q K^T or dP = dO V^T: rows x ncols over head_dim; q rows at stride ldq, the panel (head_dim, FA_BWD_BC). */
+/* S = Q K^T or dP = dO V^T: rows x ncols over head_dim; q rows at stride ldq, the panel in strips. */
 FA_NOINLINE void bwd_scores(int64_t rows, int64_t ncols, int64_t d, const float *q, int64_t ldq, const float *panel,
-                            float *out) {
-    fa_gemm(rows, ncols, d, q, ldq, 1, panel, FA_BWD_BC, out, FA_BWD_BC, FA_UK_SET, NULL);
+                            float *out, fa_prefetch pf) {
+    const fa_layout_a la = { ldq, 1, FA_MR * ldq };
+    const fa_layout_b lb = { FA_VL, FA_VL * d };
+    fa_gemm(rows, ncols, d, q, la, panel, lb, out, BWD_LDS, FA_UK_SET, NULL, pf);
 }
 
 /* dV (+)= P^T dO or dK (+)= dS^T Q: krows x w over the block's mrows query rows. */
 FA_NOINLINE void bwd_key_grad(int64_t krows, int64_t w, int64_t mrows, const float *p, const float *rows, int64_t ld,
-                              float *acc, int first) {
+                              float *acc, int64_t ldacc, int first, fa_prefetch pf) {
+    const fa_layout_a la = { 1, BWD_LDS, FA_MR };
+    const fa_layout_b lb = { ld, FA_VL };
     if (first)
-        fa_gemm(krows, w, mrows, p, 1, FA_BWD_BC, rows, ld, acc, w, FA_UK_SET, NULL);
+        fa_gemm(krows, w, mrows, p, la, rows, lb, acc, ldacc, FA_UK_SET, NULL, pf);
     else
-        fa_gemm(krows, w, mrows, p, 1, FA_BWD_BC, rows, ld, acc, w, FA_UK_ADD, NULL);
+        fa_gemm(krows, w, mrows, p, la, rows, lb, acc, ldacc, FA_UK_ADD, NULL, pf);
 }
 
 /* dQ (+)= dS K: rows x w over the block's nk keys. */
 FA_NOINLINE void bwd_query_grad(int64_t rows, int64_t w, int64_t nk, const float *ds, const float *k, int64_t ldk,
-                                float *dq, int first) {
+                                float *dq, int first, fa_prefetch pf) {
+    const fa_layout_a la = { BWD_LDS, 1, FA_MR * BWD_LDS };
+    const fa_layout_b lb = { ldk, FA_VL };
     if (first)
-        fa_gemm(rows, w, nk, ds, FA_BWD_BC, 1, k, ldk, dq, w, FA_UK_SET, NULL);
+        fa_gemm(rows, w, nk, ds, la, k, lb, dq, w, FA_UK_SET, NULL, pf);
     else
-        fa_gemm(rows, w, nk, ds, FA_BWD_BC, 1, k, ldk, dq, w, FA_UK_ADD, NULL);
+        fa_gemm(rows, w, nk, ds, la, k, lb, dq, w, FA_UK_ADD, NULL, pf);
 }
 
 /* K_j (rows, for dQ) and the K_j^T, V_j^T panels, converted to fp32; panels zero past the sequence. */
@@ -199,28 +208,28 @@ static void bwd_pack_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, co
     const fa_params *p = cx->p;
     const int64_t d = p->head_dim, w = fa_cpu_row_width(p), ld = fa_cpu_row_stride(p);
     float vrow[256];
-    for (int64_t j = 0; j < nk; j++) {
+    for (int64_t j = 0; j < FA_BWD_BC; j++) {
+        const int64_t strip = j / FA_VL * FA_VL * d + j % FA_VL;
+        if (j >= nk) {
+            for (int64_t c = 0; c < d; c++) sc->kt[strip + c * FA_VL] = sc->vt[strip + c * FA_VL] = 0.0f;
+            continue;
+        }
         float *krow = sc->k + j * ld;
         fa_cpu_load_row(p->k.data, p->dtype, fa_offset(p, &p->k, b, s->tok_k, j0 + j, kvh), d, krow);
         fa_cpu_load_row(p->v.data, p->dtype, fa_offset(p, &p->v, b, s->tok_k, j0 + j, kvh), d, vrow);
         for (int64_t c = d; c < w; c++) krow[c] = 0.0f;
         for (int64_t c = 0; c < d; c++) {
-            sc->kt[c * FA_BWD_BC + j] = krow[c];
-            sc->vt[c * FA_BWD_BC + j] = vrow[c];
+            sc->kt[strip + c * FA_VL] = krow[c];
+            sc->vt[strip + c * FA_VL] = vrow[c];
         }
     }
-    if (nk < FA_BWD_BC)
-        for (int64_t c = 0; c < d; c++) {
-            memset(sc->kt + c * FA_BWD_BC + nk, 0, sizeof(float) * (FA_BWD_BC - nk));
-            memset(sc->vt + c * FA_BWD_BC + nk, 0, sizeof(float) * (FA_BWD_BC - nk));
-        }
 }
 
 /* Key block jb of (b, kvh): every query head of the group, every query block that sees it. */
 static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int64_t b, int64_t kvh, int64_t jb) {
     const fa_params *p = cx->p;
     const bwd_layout *L = cx->L;
-    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p), ld = fa_cpu_row_stride(p);
     const fa_seq s = fa_seq_get(p, b);
     const int64_t j0 = jb * FA_BWD_BC, nk = fa_min64(FA_BWD_BC, s.len_k - j0);
     const int64_t krows = fa_round_up(nk, FA_MR), ncols = fa_round_up(krows, FA_VL);
@@ -232,7 +241,8 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
 
     if (ibeg < iend) bwd_pack_key_block(cx, sc, b, &s, kvh, j0, nk);
     for (int64_t h = kvh * cx->group; h < (kvh + 1) * cx->group && ibeg < iend; h++) {
-        for (int64_t ib = ibeg / FA_BWD_BR; ib * FA_BWD_BR < iend; ib++) {
+        const int64_t ib_end = fa_ceil_div(iend, FA_BWD_BR);
+        for (int64_t ib = ibeg / FA_BWD_BR; ib < ib_end; ib++) {
             const int64_t i0 = ib * FA_BWD_BR, mrows = fa_min64(FA_BWD_BR, s.len_q - i0),
                           rows = fa_round_up(mrows, FA_MR);
             int64_t lo_last, hi_last, lo_first, hi_first;
@@ -243,17 +253,31 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
             const float *q = bwd_query_rows(cx, &cx->q, sc->q, b, s.tok_q, i0, mrows, h, &ldq);
             const float *dO = bwd_query_rows(cx, &cx->dout, sc->dout, b, s.tok_q, i0, mrows, h, &ldo);
 
-            bwd_scores(rows, ncols, d, q, ldq, sc->kt, sc->s);
-            bwd_scores(rows, ncols, d, dO, ldo, sc->vt, sc->ds);
-            bwd_softmax_grad(cx, sc, b, h, &s, i0, mrows, rows, j0, nk, ncols, full);
-            bwd_key_grad(krows, w, mrows, sc->s, dO, ldo, sc->dv, first);
-            bwd_key_grad(krows, w, mrows, sc->ds, q, ldq, sc->dk, first);
-            first = 0;
-
             const int64_t qg = L->q_prefix[b] + ib;
             const int64_t slot = (chunk * p->heads_q + h) * L->nqb_max + qg;
             float *dq = L->dq_acc + slot * FA_BWD_BR * w;
-            bwd_query_grad(rows, w, nk, sc->ds, sc->k, fa_cpu_row_stride(p), dq, !L->dq_touched[slot]);
+
+            /* the next query block's rows of Q, dO and dQ, brought in while this one's products run */
+            fa_prefetch pf_q = fa_prefetch_range(NULL, 0), pf_do = pf_q, pf_dq = pf_q;
+            if (ib + 1 < ib_end) {
+                const int64_t n_next = fa_min64(FA_BWD_BR, s.len_q - i0 - FA_BWD_BR);
+                const int64_t bytes = (int64_t)sizeof(float) * n_next * ld;
+                pf_q = fa_prefetch_range(
+                    (const float *)cx->q.data + fa_offset(p, &cx->q, b, s.tok_q, i0 + FA_BWD_BR, h), bytes);
+                pf_do = fa_prefetch_range(
+                    (const float *)cx->dout.data + fa_offset(p, &cx->dout, b, s.tok_q, i0 + FA_BWD_BR, h), bytes);
+                if (L->dq_touched[slot + 1])
+                    pf_dq = fa_prefetch_range(dq + FA_BWD_BR * w, (int64_t)sizeof(float) * n_next * w);
+            }
+
+            bwd_scores(rows, ncols, d, q, ldq, sc->kt, sc->s, pf_q);
+            bwd_scores(rows, ncols, d, dO, ldo, sc->vt, sc->ds, pf_do);
+            bwd_softmax_grad(cx, sc, b, h, &s, i0, mrows, rows, j0, nk, ncols, full);
+            bwd_key_grad(krows, w, mrows, sc->s, dO, ldo, sc->dv, ld, first, pf_dq);
+            bwd_key_grad(krows, w, mrows, sc->ds, q, ldq, sc->dk, ld, first, fa_prefetch_range(NULL, 0));
+            first = 0;
+
+            bwd_query_grad(rows, w, nk, sc->ds, sc->k, ld, dq, !L->dq_touched[slot], fa_prefetch_range(NULL, 0));
             L->dq_touched[slot] = 1;
         }
     }
@@ -265,8 +289,8 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
             fa_cpu_store_zero_row(p->dk.data, p->dtype, ko, d);
             fa_cpu_store_zero_row(p->dv.data, p->dtype, vo, d);
         } else {
-            fa_cpu_store_row(p->dk.data, p->dtype, ko, d, sc->dk + j * w, 1.0f);
-            fa_cpu_store_row(p->dv.data, p->dtype, vo, d, sc->dv + j * w, 1.0f);
+            fa_cpu_store_row(p->dk.data, p->dtype, ko, d, sc->dk + j * ld, 1.0f);
+            fa_cpu_store_row(p->dv.data, p->dtype, vo, d, sc->dv + j * ld, 1.0f);
         }
     }
 }

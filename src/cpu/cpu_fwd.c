@@ -13,19 +13,25 @@
  * and divides by l once at the end. Q is pre-multiplied by softmax_scale; scores stay in natural units
  * (a log2 e folded into the scale would add a systematic rounding to every score that the forward's LSE
  * carries into the backward) and e^x is computed as exp2(x log2 e). Both products run on the
- * register-blocked micro-kernel of cpu_simd.h; its A operand is read by broadcasts, so K_j enters as K^T
- * panels (K is transposed once per call, for every query block and head of the group) and P as the
- * transposed score tile; its B operand rows (Q^T, V) are contiguous. Before the tasks, a pass writes the
- * K^T panels and a packed fp32 copy of V (converted from f16/bf16, rows at a cache-friendly stride).
+ * register-blocked micro-kernel of cpu_simd.h; its A operand is read by broadcasts, so K_j enters as
+ * micro-panels (FA_MR keys side by side for each of the head_dim steps, one contiguous stream; K is packed so
+ * once per call, for every query block and head of the group) and P as the transposed score tile; its B
+ * operand is Q^T, kept as one contiguous strip per vector of query columns, and the rows of V. Before the
+ * tasks, a pass writes the K micro-panels and a packed fp32 copy of V (converted from f16/bf16, rows at a
+ * cache-friendly stride). While a product runs, the next one's key-block data is prefetched, so the
+ * stream of K and V blocks (more than L2 holds, per head) does not wait on memory.
  */
 #include "cpu/cpu_internal.h"
 
 #include <math.h>
 
+/* Row stride of the score tile. */
+#define FWD_LDS FA_TILE_LD(FA_FWD_BR)
+
 /* Workspace of a forward call. */
 typedef struct fwd_layout {
     int64_t *q_prefix, *k_prefix; /* blocks per sequence, prefix sums (batch + 1 each) */
-    float *kt;                    /* K^T panels: (heads_kv, key blocks, head_dim, FA_FWD_BC) */
+    float *kt;                    /* K panels: (heads_kv, key blocks, FA_FWD_BC / FA_MR, head_dim, FA_MR) */
     float *v_packed;              /* V as packed fp32 rows */
     char *scratch;                /* per thread, scratch_bytes each */
     size_t scratch_bytes;
@@ -33,9 +39,9 @@ typedef struct fwd_layout {
 
 /* One thread's tiles. */
 typedef struct fwd_scratch {
-    float *qt;        /* (head_dim, FA_FWD_BR): Q^T of the block, pre-scaled */
-    float *st;        /* (FA_FWD_BC, FA_FWD_BR): scores, then probabilities, transposed */
-    float *o;         /* (FA_FWD_BR, row width): output accumulator */
+    float *qt;        /* (FA_FWD_BR / FA_VL, head_dim, FA_VL): Q^T of the block, pre-scaled, in strips */
+    float *st;        /* (FA_FWD_BC, FWD_LDS): scores, then probabilities, transposed */
+    float *o;         /* (FA_FWD_BR, row stride): output accumulator */
     float *m, *l;     /* (FA_FWD_BR): running max and sum */
     float *alpha;     /* (FA_FWD_BR): rescale of the accumulator for the current key block */
     float *qpos;      /* (FA_FWD_BR): query position on the key axis, for ALiBi */
@@ -43,11 +49,11 @@ typedef struct fwd_scratch {
 } fwd_scratch;
 
 static fwd_scratch fwd_scratch_carve(const fa_params *p, fa_arena *a) {
-    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    const int64_t d = p->head_dim;
     fwd_scratch s;
     s.qt = fa_arena_take(a, sizeof(float) * d * FA_FWD_BR);
-    s.st = fa_arena_take(a, sizeof(float) * FA_FWD_BC * FA_FWD_BR);
-    s.o = fa_arena_take(a, sizeof(float) * FA_FWD_BR * w);
+    s.st = fa_arena_take(a, sizeof(float) * FA_FWD_BC * FWD_LDS);
+    s.o = fa_arena_take(a, sizeof(float) * FA_FWD_BR * fa_cpu_row_stride(p));
     s.m = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
     s.l = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
     s.alpha = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
@@ -85,7 +91,7 @@ typedef struct fwd_ctx {
     int64_t group; /* heads_q / heads_kv */
 } fwd_ctx;
 
-/* K^T panel of key block kg (numbered across the batch) of kv head h, zero past the sequence, and the packed
+/* K panels of key block kg (numbered across the batch) of kv head h, zero past the sequence, and the packed
  * copy of the block's V rows. */
 static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
     const fa_params *p = cx->p;
@@ -95,12 +101,15 @@ static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
     const int64_t j0 = (kg - cx->L->k_prefix[b]) * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
     float *panel = cx->L->kt + (h * cx->nkb + kg) * d * FA_FWD_BC;
     float row[256];
-    for (int64_t j = 0; j < nk; j++) {
-        fa_cpu_load_row(p->k.data, p->dtype, fa_offset(p, &p->k, b, s.tok_k, j0 + j, h), d, row);
-        for (int64_t c = 0; c < d; c++) panel[c * FA_FWD_BC + j] = row[c];
+    for (int64_t j = 0; j < FA_FWD_BC; j++) {
+        float *dst = panel + j / FA_MR * FA_MR * d + j % FA_MR;
+        if (j < nk) {
+            fa_cpu_load_row(p->k.data, p->dtype, fa_offset(p, &p->k, b, s.tok_k, j0 + j, h), d, row);
+            for (int64_t c = 0; c < d; c++) dst[c * FA_MR] = row[c];
+        } else {
+            for (int64_t c = 0; c < d; c++) dst[c * FA_MR] = 0.0f;
+        }
     }
-    for (int64_t c = 0; c < d && nk < FA_FWD_BC; c++)
-        memset(panel + c * FA_FWD_BC + nk, 0, sizeof(float) * (FA_FWD_BC - nk));
     fa_cpu_pack_rows(p, &p->v, &cx->v, b, s.tok_k, j0, j0 + nk, h, 1.0f);
 }
 
@@ -118,20 +127,29 @@ static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int
     for (int64_t v = v0; v < nv; v++) {
         float *col = sc->st + v * FA_VL;
         fa_vf m_old = fa_vload(sc->m + v * FA_VL), mx = m_old;
-        if (!transform) {
-            for (int64_t j = 0; j < nk; j++) mx = fa_vmax(mx, fa_vload(col + j * FA_FWD_BR));
+        if (!transform) { /* four independent chains: one would wait on the max's latency at every key */
+            fa_vf mx1 = mx, mx2 = mx, mx3 = mx;
+            int64_t j = 0;
+            for (; j + 4 <= nk; j += 4) {
+                mx = fa_vmax(mx, fa_vload(col + j * FWD_LDS));
+                mx1 = fa_vmax(mx1, fa_vload(col + (j + 1) * FWD_LDS));
+                mx2 = fa_vmax(mx2, fa_vload(col + (j + 2) * FWD_LDS));
+                mx3 = fa_vmax(mx3, fa_vload(col + (j + 3) * FWD_LDS));
+            }
+            for (; j < nk; j++) mx = fa_vmax(mx, fa_vload(col + j * FWD_LDS));
+            mx = fa_vmax(fa_vmax(mx, mx1), fa_vmax(mx2, mx3));
         } else {
             const fa_vi lo = *(const fa_vi_u *)(sc->lo + v * FA_VL), hi = *(const fa_vi_u *)(sc->hi + v * FA_VL);
             const fa_vf qpos = fa_vload(sc->qpos + v * FA_VL);
             for (int64_t j = 0; j < nk; j++) {
-                fa_vf x = fa_vload(col + j * FA_FWD_BR);
+                fa_vf x = fa_vload(col + j * FWD_LDS);
                 if (softcap > 0.0f) x = fa_vtanh(x * inv_cap) * softcap;
                 if (alibi_slope != 0.0f) x = x - alibi_slope * fa_vabs(qpos - (float)(j0 + j));
                 if (masked) {
                     fa_vi jj = fa_viset1((int32_t)(j0 + j));
                     x = fa_vselect((jj >= lo) & (jj < hi), x, ninf);
                 }
-                fa_vstore(col + j * FA_FWD_BR, x);
+                fa_vstore(col + j * FWD_LDS, x);
                 mx = fa_vmax(mx, x);
             }
         }
@@ -141,16 +159,16 @@ static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int
         fa_vf sum0 = fa_vset1(0.0f), sum1 = fa_vset1(0.0f);
         int64_t j = 0;
         for (; j + 2 <= nk; j += 2) {
-            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FA_FWD_BR) - m_use) * log2e);
-            fa_vf p1 = fa_vexp2_nonpos((fa_vload(col + (j + 1) * FA_FWD_BR) - m_use) * log2e);
-            fa_vstore(col + j * FA_FWD_BR, p0);
-            fa_vstore(col + (j + 1) * FA_FWD_BR, p1);
+            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) - m_use) * log2e);
+            fa_vf p1 = fa_vexp2_nonpos((fa_vload(col + (j + 1) * FWD_LDS) - m_use) * log2e);
+            fa_vstore(col + j * FWD_LDS, p0);
+            fa_vstore(col + (j + 1) * FWD_LDS, p1);
             sum0 += p0;
             sum1 += p1;
         }
         if (j < nk) {
-            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FA_FWD_BR) - m_use) * log2e);
-            fa_vstore(col + j * FA_FWD_BR, p0);
+            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) - m_use) * log2e);
+            fa_vstore(col + j * FWD_LDS, p0);
             sum0 += p0;
         }
         fa_vstore(sc->l + v * FA_VL, fa_vload(sc->l + v * FA_VL) * alpha + (sum0 + sum1));
@@ -159,20 +177,25 @@ static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int
     }
 }
 
-/* S^T = K^T-panel x Q^T: (keys rounded to FA_MR) x (ncols) over head_dim. */
-FA_NOINLINE void fwd_scores(const float *panel, const float *qt, float *st, int64_t m, int64_t ncols, int64_t d) {
-    fa_gemm(m, ncols, d, panel, 1, FA_FWD_BC, qt, FA_FWD_BR, st, FA_FWD_BR, FA_UK_SET, NULL);
+/* S^T = K x Q^T: (keys rounded to FA_MR) x (ncols) over head_dim; qt starts at a strip. */
+FA_NOINLINE void fwd_scores(const float *panel, const float *qt, float *st, int64_t m, int64_t ncols, int64_t d,
+                            fa_prefetch pf) {
+    const fa_layout_a la = { 1, FA_MR, FA_MR * d };
+    const fa_layout_b lb = { FA_VL, FA_VL * d };
+    fa_gemm(m, ncols, d, panel, la, qt, lb, st, FWD_LDS, FA_UK_SET, NULL, pf);
 }
 
 /* O = diag(alpha) O + P V: (rows) x (row width) over nk keys. */
-FA_NOINLINE void fwd_pv(const float *st, const float *v, int64_t ldv, float *o, int64_t rows, int64_t w, int64_t nk,
-                        const float *alpha) {
-    fa_gemm(rows, w, nk, st, 1, FA_FWD_BR, v, ldv, o, w, FA_UK_SCALE_ADD, alpha);
+FA_NOINLINE void fwd_pv(const float *st, const float *v, int64_t ldv, float *o, int64_t ldo, int64_t rows, int64_t w,
+                        int64_t nk, const float *alpha, fa_prefetch pf) {
+    const fa_layout_a la = { 1, FWD_LDS, FA_MR };
+    const fa_layout_b lb = { ldv, FA_VL };
+    fa_gemm(rows, w, nk, st, la, v, lb, o, ldo, FA_UK_SCALE_ADD, alpha, pf);
 }
 
 static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, int64_t ib) {
     const fa_params *p = cx->p;
-    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p), ldo = fa_cpu_row_stride(p);
     const fa_seq s = fa_seq_get(p, b);
     const int64_t i0 = ib * FA_FWD_BR, mrows = fa_min64(FA_FWD_BR, s.len_q - i0);
     const int64_t kvh = h / cx->group;
@@ -201,17 +224,19 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
         /* Q^T, pre-scaled, zero past the valid rows */
         float row[256];
         for (int64_t i = 0; i < ncols; i++) {
+            float *dst = sc->qt + i / FA_VL * FA_VL * d + i % FA_VL;
             if (i < mrows) {
                 fa_cpu_load_row(p->q.data, p->dtype, fa_offset(p, &p->q, b, s.tok_q, i0 + i, h), d, row);
-                for (int64_t c = 0; c < d; c++) sc->qt[c * FA_FWD_BR + i] = row[c] * p->softmax_scale;
+                for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = row[c] * p->softmax_scale;
             } else {
-                for (int64_t c = 0; c < d; c++) sc->qt[c * FA_FWD_BR + i] = 0.0f;
+                for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = 0.0f;
             }
         }
-        memset(sc->o, 0, sizeof(float) * rows * w);
+        for (int64_t i = 0; i < rows; i++) memset(sc->o + i * ldo, 0, sizeof(float) * w);
         const float slope = fa_alibi_slope(p, b, h);
         const float *kt = cx->L->kt + (kvh * cx->nkb + cx->L->k_prefix[b]) * d * FA_FWD_BC;
-        for (int64_t kb = jbeg / FA_FWD_BC; kb * FA_FWD_BC < jend; kb++) {
+        const int64_t kb_end = fa_ceil_div(jend, FA_FWD_BC);
+        for (int64_t kb = jbeg / FA_FWD_BC; kb < kb_end; kb++) {
             const int64_t j0 = kb * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
             /* rows before qlo see nothing of this block (their statistics stay, alpha = 1): the block's work
              * starts at c0, the multiple of FA_QALIGN at or below qlo (under a causal mask, about half of a
@@ -221,10 +246,15 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
             const int64_t c0 = qlo / FA_QALIGN * FA_QALIGN;
             int full = 1; /* every row from c0 on sees the whole block: no mask */
             for (int64_t i = c0; i < mrows && full; i++) full = sc->lo[i] <= j0 && sc->hi[i] >= j0 + nk;
-            fwd_scores(kt + kb * d * FA_FWD_BC, sc->qt + c0, sc->st + c0, fa_round_up(nk, FA_MR), ncols - c0, d);
-            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope);
             const float *vrow = (const float *)cx->v.data + fa_offset(p, &cx->v, b, s.tok_k, j0, kvh);
-            fwd_pv(sc->st + c0, vrow, cx->v.stride_seq, sc->o + c0 * w, rows - c0, w, nk, sc->alpha + c0);
+            /* V of this block during the scores, K of the next block during P V */
+            const fa_prefetch pf_v = fa_prefetch_range(vrow, (int64_t)sizeof(float) * nk * cx->v.stride_seq);
+            const fa_prefetch pf_k = fa_prefetch_range(kb + 1 < kb_end ? kt + (kb + 1) * d * FA_FWD_BC : NULL,
+                                                       (int64_t)sizeof(float) * d * FA_FWD_BC);
+            fwd_scores(kt + kb * d * FA_FWD_BC, sc->qt + c0 / FA_VL * FA_VL * d, sc->st + c0, fa_round_up(nk, FA_MR),
+                       ncols - c0, d, pf_v);
+            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope);
+            fwd_pv(sc->st + c0, vrow, cx->v.stride_seq, sc->o + c0 * ldo, ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
         }
     }
 
@@ -234,7 +264,7 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
         if (empty)
             fa_cpu_store_zero_row(p->o.data, p->dtype, oo, d);
         else
-            fa_cpu_store_row(p->o.data, p->dtype, oo, d, sc->o + i * w, 1.0f / sc->l[i]);
+            fa_cpu_store_row(p->o.data, p->dtype, oo, d, sc->o + i * ldo, 1.0f / sc->l[i]);
         if (p->lse)
             p->lse[fa_lse_index(p, b, s.tok_q, i0 + i, h)] =
                 empty ? -__builtin_inff() : (float)((double)sc->m[i] + log((double)sc->l[i]));

@@ -13,8 +13,10 @@
 
 /* Query rows and keys per block, forward and backward. Each is a multiple of the micro-kernel's rows (FA_MR)
  * and of its panel width (FA_NR * FA_VL) on every target, so whole blocks never need a remainder kernel.
- * Working set per thread at head_dim 128: about 300 KB forward, 400 KB backward (L2). Compile-time
- * tunables (-DFA_FWD_BR=96 ...), for measuring other shapes. */
+ * Working set per thread at head_dim 128: about 400 KB forward, 900 KB backward (of a 2 MB L2; the backward's
+ * 192-key blocks halve how often Q, dO and dQ stream past each key block, and measured fastest on a
+ * Sapphire Rapids class Xeon at 1 and 16 threads). Compile-time tunables (-DFA_FWD_BR=96 ...), for measuring
+ * other shapes. */
 #ifndef FA_FWD_BR
 #define FA_FWD_BR 192
 #endif
@@ -25,7 +27,7 @@
 #define FA_BWD_BR 96
 #endif
 #ifndef FA_BWD_BC
-#define FA_BWD_BC 96
+#define FA_BWD_BC 192
 #endif
 #define FA_BLOCK_FITS(x) ((x) % FA_MR == 0 && (x) % (FA_NR * FA_VL) == 0)
 _Static_assert(FA_BLOCK_FITS(FA_FWD_BR) && FA_BLOCK_FITS(FA_FWD_BC), "forward blocks must fit the micro-kernel");
@@ -33,9 +35,6 @@ _Static_assert(FA_BLOCK_FITS(FA_BWD_BR) && FA_BLOCK_FITS(FA_BWD_BC), "backward b
 
 #define FA_LOG2E 1.44269504088896341f
 
-static inline int64_t fa_ceil_div(int64_t a, int64_t b) {
-    return (a + b - 1) / b;
-}
 static inline int64_t fa_round_up(int64_t a, int64_t b) {
     return fa_ceil_div(a, b) * b;
 }
@@ -91,10 +90,12 @@ static inline int64_t fa_cpu_row_width(const fa_params *p) {
 
 /* Row stride of the packed fp32 copies: the padded width plus a cache line where needed, so a row is an odd
  * number of cache lines. The caller's own strides (heads * head_dim, often a multiple of 4 KB) would map the
- * rows of a block to a few L1 sets; rows an odd number of lines apart spread over all of them. */
+ * rows of a block to a few L1 sets; rows an odd number of lines apart spread over all of them. FA_TILE_LD(n):
+ * the same for the scratch tiles, whose rows of n floats are block sizes (192 floats = 12 lines would use a
+ * quarter of the sets). */
+#define FA_TILE_LD(n) ((((n) + 15) / 16 | 1) * 16)
 static inline int64_t fa_cpu_row_stride(const fa_params *p) {
-    const int64_t lines = fa_ceil_div(fa_cpu_row_width(p), 16);
-    return (lines | 1) * 16;
+    return FA_TILE_LD(fa_cpu_row_width(p));
 }
 
 /* The packed fp32 copy of a tensor: (heads, tokens, row stride) contiguous, addressed with the same fa_offset

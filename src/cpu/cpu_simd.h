@@ -33,6 +33,10 @@
 #define FA_STR_(x)   #x
 #define FA_UNROLL(n) _Pragma(FA_STR_(GCC unroll n))
 
+static inline int64_t fa_ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
 typedef float fa_vf __attribute__((vector_size(FA_VL * 4)));
 typedef int32_t fa_vi __attribute__((vector_size(FA_VL * 4)));
 /* For loads and stores at any float-aligned address. */
@@ -144,11 +148,24 @@ FA_INLINE fa_vf fa_vround(fa_vf x) {
  * x < -126.5 gives exactly 0 (the exponent field becomes 0 for n = -127), -inf included, so masked scores
  * need no special case; NaN gives 0. fa_vexp2 adds x < -126 -> 0 (no subnormal results), x > 127 -> +inf
  * and NaN -> NaN.
+ *
+ * The softmax calls it once per score, so it is written for few instructions: adding 1.5 * 2^23 + 127 rounds
+ * x to an integer n in the low mantissa bits (as n + 127, which shifted left by 23 is the exponent field of
+ * 2^n) and subtracting it back gives n exactly; no float-to-int conversion or separate rounding.
  */
 FA_INLINE fa_vf fa_vexp2_nonpos(fa_vf x) {
+    const fa_vf shifter = fa_vset1(12583039.0f); /* 1.5 * 2^23 + 127 */
     fa_vf xc = fa_vmin(fa_vmax(x, fa_vset1(-127.0f)), fa_vset1(127.0f));
-    fa_vf n = fa_vround(xc);
-    return fa_vexp2_parts(n, xc - n);
+    fa_vf t = xc + shifter; /* in [2^23, 2^24): whole numbers, rounded to nearest */
+    fa_vf f = xc - (t - shifter);
+    fa_vf p = fa_vset1(1.535336196e-04f);
+    p = fa_vfma(p, f, fa_vset1(1.339887502e-03f));
+    p = fa_vfma(p, f, fa_vset1(9.618436918e-03f));
+    p = fa_vfma(p, f, fa_vset1(5.550332367e-02f));
+    p = fa_vfma(p, f, fa_vset1(2.402264774e-01f));
+    p = fa_vfma(p, f, fa_vset1(6.931471825e-01f));
+    p = fa_vfma(p, f, fa_vset1(1.0f));
+    return p * (fa_vf)((fa_vi)t << 23);
 }
 
 FA_INLINE fa_vf fa_vexp2(fa_vf x) {
@@ -193,36 +210,34 @@ FA_INLINE fa_vf fa_vtanh(fa_vf x) {
     return fa_vselect(ax < 0.625f, small, big);
 }
 
-/* Mode of a micro-kernel call: C = AB, C += AB, or C = diag(row_scale) C + AB. */
+/* Mode of a micro-kernel call: C = AB, C += AB, or C = diag(row_scale) C + AB. The product is summed from zero
+ * and C enters only at the end: its tile (in L2 at best) is then read while the k loop runs instead of
+ * holding up the first multiply-adds. */
 enum { FA_UK_SET = 0, FA_UK_ADD = 1, FA_UK_SCALE_ADD = 2 };
 
 /*
  * The micro-kernel: C[FA_MR x nr*FA_VL] (op)= A[FA_MR x kc] B[kc x nr*FA_VL], nr <= FA_NR, with the
  * accumulators in registers for the whole k loop. Row i of A at step k is a[i * a_row + k * a_k] (one of
  * the two strides is 1 at every call site, the other a compile-time constant, so every A element is a
- * broadcast from a fixed offset of one moving pointer); row k of B is b + k * ldb, contiguous; row i of C
- * is c + i * ldc. Inlined into callers that pass constants for nr, a_row, a_k and mode.
+ * broadcast from a fixed offset of one moving pointer); vector v of row k of B is at b + k * ldb + v * b_vec
+ * (b_vec = FA_VL for plain rows; packed operands keep each vector column as its own contiguous strip); row i
+ * of C is c + i * ldc. Inlined into callers that pass constants for nr, a_row, a_k, b_vec and mode.
  */
 FA_INLINE void fa_ukernel(const int nr, int64_t kc, const float *a, const int64_t a_row, const int64_t a_k,
-                          const float *b, const int64_t ldb, float *c, const int64_t ldc, const int mode,
-                          const float *row_scale) {
+                          const float *b, const int64_t ldb, const int64_t b_vec, float *c, const int64_t ldc,
+                          const int mode, const float *row_scale) {
     fa_vf acc[FA_MR][FA_NR];
     FA_UNROLL(16)
     for (int i = 0; i < FA_MR; i++) {
         FA_UNROLL(4)
-        for (int v = 0; v < nr; v++) {
-            if (mode == FA_UK_SET) {
-                acc[i][v] = fa_vset1(0.0f);
-            } else {
-                fa_vf x = fa_vload(c + i * ldc + v * FA_VL);
-                acc[i][v] = mode == FA_UK_SCALE_ADD ? x * row_scale[i] : x;
-            }
-        }
+        for (int v = 0; v < nr; v++) acc[i][v] = fa_vset1(0.0f);
+        if (mode != FA_UK_SET) __builtin_prefetch(c + i * ldc, 1, 3);
+        if (mode != FA_UK_SET && nr * FA_VL > 16) __builtin_prefetch(c + i * ldc + nr * FA_VL - 1, 1, 3);
     }
     for (; kc > 0; kc--) {
         fa_vf bv[FA_NR];
         FA_UNROLL(4)
-        for (int v = 0; v < nr; v++) bv[v] = fa_vload(b + v * FA_VL);
+        for (int v = 0; v < nr; v++) bv[v] = fa_vload(b + v * b_vec);
         FA_UNROLL(16)
         for (int i = 0; i < FA_MR; i++) {
             fa_vf av = fa_vset1(a[i * a_row]);
@@ -235,23 +250,64 @@ FA_INLINE void fa_ukernel(const int nr, int64_t kc, const float *a, const int64_
     FA_UNROLL(16)
     for (int i = 0; i < FA_MR; i++) {
         FA_UNROLL(4)
-        for (int v = 0; v < nr; v++) fa_vstore(c + i * ldc + v * FA_VL, acc[i][v]);
+        for (int v = 0; v < nr; v++) {
+            float *ci = c + i * ldc + v * FA_VL;
+            if (mode == FA_UK_SET)
+                fa_vstore(ci, acc[i][v]);
+            else if (mode == FA_UK_ADD)
+                fa_vstore(ci, fa_vload(ci) + acc[i][v]);
+            else
+                fa_vstore(ci, fa_vfma(fa_vload(ci), fa_vset1(row_scale[i]), acc[i][v]));
+        }
     }
+}
+
+/* Operand layouts of fa_gemm. A: rows i of group g = i / FA_MR start at a + g * grp + (i % FA_MR) * row and
+ * step by k; B: vector v of row k at b + k * ld + v * vec, and column j is in vector j / FA_VL. */
+typedef struct fa_layout_a {
+    int64_t row, k, grp;
+} fa_layout_a;
+typedef struct fa_layout_b {
+    int64_t ld, vec;
+} fa_layout_b;
+
+#ifndef FA_CPU_PREFETCH
+#define FA_CPU_PREFETCH 1 /* -DFA_CPU_PREFETCH=0 leaves all of it to the hardware prefetchers */
+#endif
+/* A region the next product will read, to bring into the caches while this one runs: a block's first touch
+ * would otherwise wait on memory at the start of its product. fa_gemm spreads the lines over its
+ * micro-kernel calls. */
+typedef struct fa_prefetch {
+    const char *p;
+    int64_t lines;
+} fa_prefetch;
+
+/* bytes from p; nothing for p = NULL. */
+static inline fa_prefetch fa_prefetch_range(const void *p, int64_t bytes) {
+    fa_prefetch r = { (const char *)p, p ? fa_ceil_div(bytes, 64) : 0 };
+    return r;
 }
 
 /*
  * C[m x n] (op)= A[m x kc] B[kc x n] for m a multiple of FA_MR and n a multiple of FA_VL, as micro-kernel
  * calls: panels of FA_NR vectors of B outside (a panel stays in L1 while the rows of A pass by).
  */
-FA_INLINE void fa_gemm(int64_t m, int64_t n, int64_t kc, const float *a, const int64_t a_row, const int64_t a_k,
-                       const float *b, int64_t ldb, float *c, int64_t ldc, const int mode, const float *row_scale) {
+FA_INLINE void fa_gemm(int64_t m, int64_t n, int64_t kc, const float *a, const fa_layout_a la, const float *b,
+                       const fa_layout_b lb, float *c, int64_t ldc, const int mode, const float *row_scale,
+                       fa_prefetch pf) {
+    const int64_t calls = m / FA_MR * fa_ceil_div(n, FA_NR * FA_VL);
+    const int64_t pf_per_call = calls > 0 ? fa_ceil_div(pf.lines, calls) : 0;
     for (int64_t j = 0; j < n; j += FA_NR * FA_VL) {
+        const float *bj = b + j / FA_VL * lb.vec;
         for (int64_t i = 0; i < m; i += FA_MR) {
+            const float *ai = a + i / FA_MR * la.grp;
             const float *rs = mode == FA_UK_SCALE_ADD ? row_scale + i : NULL;
+            for (int64_t t = 0; FA_CPU_PREFETCH && t < pf_per_call && pf.lines > 0; t++, pf.lines--, pf.p += 64)
+                __builtin_prefetch(pf.p, 0, 2);
             if (n - j >= FA_NR * FA_VL)
-                fa_ukernel(FA_NR, kc, a + i * a_row, a_row, a_k, b + j, ldb, c + i * ldc + j, ldc, mode, rs);
+                fa_ukernel(FA_NR, kc, ai, la.row, la.k, bj, lb.ld, lb.vec, c + i * ldc + j, ldc, mode, rs);
             else
-                fa_ukernel(1, kc, a + i * a_row, a_row, a_k, b + j, ldb, c + i * ldc + j, ldc, mode, rs);
+                fa_ukernel(1, kc, ai, la.row, la.k, bj, lb.ld, lb.vec, c + i * ldc + j, ldc, mode, rs);
         }
     }
 }
