@@ -1,45 +1,24 @@
 /*
- * dev/bwd_check.c - bring-up driver for the FA2 CUDA backward kernels, independent of the rest of the CUDA
- * backend: it computes O and LSE with the fp64 reference on the host, runs fa2_bwd_run on the GPU and
- * compares dQ, dK, dV with the fp64 reference backward; and it times the backward on the paper's sweep.
+ * dev/bwd_check.c - bring-up driver for the FA2 CUDA backward kernels, called directly (past the library's
+ * validation and dispatch): it computes O and LSE with the fp64 reference on the host, runs fa2_bwd_run on the
+ * GPU and compares dQ, dK, dV with the fp64 reference backward; and it times the backward on the paper's sweep.
+ * FLASHATTN_SMEM_LIMIT=<bytes> makes it run the tiles of GPUs with less shared memory (see fa2_bwd.cu).
  *
  *   bwd_check check [NAME]           the correctness cases (those whose name contains NAME); status 1 on failure
  *   bwd_check bench [det] [D...]     TFLOP/s of the paper sweep (bf16, 16k tokens, hidden 2048), seqlen >= 2k
  *   bwd_check one D CAUSAL SEQLEN [det]   a single run of one sweep point (for ncu)
  *
- * Build (from the repository root, after `make build/src/cuda/fa2_bwd*.o`):
- *   cc -O2 -std=c11 -Iinclude -Isrc -I$CUDA/include dev/bwd_check.c src/reference/reference.c \
- *      build/src/cuda/fa2_bwd*.o -L$CUDA/lib64 -lcudart -lstdc++ -lm -o bwd_check
+ * Build (from the repository root, after `make lib`), linking the static library for the kernels, the fp64
+ * reference and the error reporting:
+ *   cc -O2 -std=c11 -Iinclude -Isrc -I$CUDA/include dev/bwd_check.c build/libflashattn.a -fopenmp \
+ *      -L$CUDA/lib64 -lcudart -lcublas -lstdc++ -lm -o bwd_check
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/kernels.h"
-
-/* ---- the few library symbols the kernels need (the real ones live in flashattn.c and backend.cu) ---- */
-
-static char g_err[512];
-
-fa_status fa_fail(fa_status status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_err, sizeof(g_err), fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-void fa_clear_error(void) {
-    g_err[0] = 0;
-}
-
-fa_status fa_cuda_status(cudaError_t err, const char *what) {
-    if (err == cudaSuccess) return FA_OK;
-    return fa_fail(err == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_DEVICE, "%s: %s", what,
-                   cudaGetErrorString(err));
-}
 
 #define CHECK(x)                                                                                \
     do {                                                                                        \
@@ -49,18 +28,6 @@ fa_status fa_cuda_status(cudaError_t err, const char *what) {
             exit(2);                                                                            \
         }                                                                                       \
     } while (0)
-
-/* Local forms of fa_params_init and fa_tensor_contiguous (which live in flashattn.c). */
-static void params_init(fa_params *p, fa_dtype dtype, int batch, int sq, int sk, int hq, int hkv, int d) {
-    memset(p, 0, sizeof(*p));
-    p->dtype = dtype, p->batch = batch, p->seqlen_q = sq, p->seqlen_k = sk;
-    p->heads_q = hq, p->heads_kv = hkv, p->head_dim = d;
-    p->window_left = p->window_right = -1;
-}
-static fa_tensor tensor_contiguous(void *data, int64_t seqlen, int heads, int d) {
-    fa_tensor t = { data, seqlen * heads * d, (int64_t)heads * d, d };
-    return t;
-}
 
 static fa_cuda_device g_dev;
 
@@ -74,6 +41,8 @@ static void device_init(void) {
     g_dev.smem_optin = prop.sharedMemPerBlockOptin;
     printf("device: %s, cc %d.%d, %d SMs, %zu B smem opt-in\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount, (size_t)prop.sharedMemPerBlockOptin);
+    const char *limit = getenv("FLASHATTN_SMEM_LIMIT");
+    if (limit) printf("FLASHATTN_SMEM_LIMIT=%s: tiles chosen as if the device allowed that much\n", limit);
 }
 
 /* ---- random data ---- */
@@ -136,7 +105,7 @@ static int run_case(const bwd_case *c) {
     const size_t nq = (size_t)tq * hq * d, nk = (size_t)tk * hkv * d;
 
     fa_params p;
-    params_init(&p, c->dtype, c->batch, sq, sk, hq, hkv, d);
+    fa_params_init(&p, c->dtype, c->batch, sq, sk, hq, hkv, d);
     p.softmax_scale = 1.0f / sqrtf((float)d);
     p.causal = c->causal;
     p.window_left = c->wl;
@@ -233,7 +202,7 @@ static int run_case(const bwd_case *c) {
     int ok = 1;
     fa_status st = fa2_bwd_supported(&g, &g_dev);
     if (st != FA_OK) {
-        printf("%-34s unsupported: %s\n", c->name, g_err);
+        printf("%-34s unsupported: %s\n", c->name, fa_last_error());
         return 0;
     }
     void *ws = NULL;
@@ -247,7 +216,7 @@ static int run_case(const bwd_case *c) {
         for (int i = 0; i < 3; i++) CHECK(cudaMemset(dres[i], 0xff, nres[i] * 2)); /* NaN poison */
         st = fa2_bwd_run(&g, &g_dev, ws, 0);
         if (st != FA_OK) {
-            printf("%-34s run failed: %s\n", c->name, g_err);
+            printf("%-34s run failed: %s\n", c->name, fa_last_error());
             return 0;
         }
         CHECK(cudaDeviceSynchronize());
@@ -337,6 +306,7 @@ static int check_all(const char *filter) {
         { "d128 softcap 2", FA_BF16, 2, 200, 200, 2, 2, 128, 0, -1, -1, 2.0f, 0, NULL, NULL, 0, 0 },
         { "d64 softcap 1 causal f16", FA_F16, 2, 200, 200, 2, 2, 64, 1, -1, -1, 1.0f, 0, NULL, NULL, 0, 0 },
         { "d192 softcap 2", FA_BF16, 1, 150, 150, 2, 2, 192, 0, -1, -1, 2.0f, 0, NULL, NULL, 0, 0 },
+        { "d192 gqa 4/2 window 64/0", FA_BF16, 2, 260, 260, 4, 2, 192, 0, 64, 0, 0, 0, NULL, NULL, 0, 0 },
         { "d64 alibi (h)", FA_BF16, 2, 200, 200, 4, 4, 64, 0, -1, -1, 0, 1, NULL, NULL, 0, 0 },
         { "d128 alibi (b,h) causal", FA_F16, 2, 200, 260, 4, 2, 128, 1, -1, -1, 0, 2, NULL, NULL, 0, 0 },
         { "d256 alibi softcap", FA_BF16, 1, 130, 130, 2, 2, 256, 0, -1, -1, 3.0f, 1, NULL, NULL, 0, 0 },
@@ -346,6 +316,7 @@ static int check_all(const char *filter) {
         { "d96 varlen window", FA_BF16, 3, 0, 0, 2, 2, 96, 0, 30, 5, 0, 0, lq2, lk2, 0, 0 },
         { "d128 packed qkv", FA_BF16, 2, 150, 150, 4, 4, 128, 1, -1, -1, 0, 0, NULL, NULL, 1, 0 },
         { "d64 deterministic", FA_BF16, 2, 700, 700, 4, 2, 64, 0, -1, -1, 0, 0, NULL, NULL, 0, 1 },
+        { "d96 gqa 6/2 deterministic causal", FA_F16, 2, 333, 333, 6, 2, 96, 1, -1, -1, 0, 0, NULL, NULL, 0, 1 },
         { "d128 deterministic causal", FA_BF16, 2, 600, 600, 4, 4, 128, 1, -1, -1, 0, 0, NULL, NULL, 0, 1 },
         { "d256 deterministic varlen", FA_BF16, 5, 0, 0, 2, 2, 256, 1, -1, -1, 0, 0, lq1, lk1, 0, 1 },
     };
@@ -379,7 +350,7 @@ static void bench(int deterministic, const int *dims, int ndims, int only_causal
                 const int d = dims[di], s = seqlens[si], batch = 16384 / s, heads = 2048 / d;
                 const size_t n = (size_t)batch * s * heads * d;
                 fa_params p;
-                params_init(&p, FA_BF16, batch, s, s, heads, heads, d);
+                fa_params_init(&p, FA_BF16, batch, s, s, heads, heads, d);
                 p.softmax_scale = 1.0f / sqrtf((float)d);
                 p.causal = causal, p.window_right = causal ? 0 : -1;
                 p.deterministic = deterministic;
@@ -397,7 +368,7 @@ static void bench(int deterministic, const int *dims, int ndims, int only_causal
                 CHECK(cudaMemcpy(lse, hl, nl * 4, cudaMemcpyHostToDevice));
                 free(hl);
                 fa_tensor *ts[8] = { &p.q, &p.k, &p.v, &p.o, &p.dout, &p.dq, &p.dk, &p.dv };
-                for (int i = 0; i < 8; i++) *ts[i] = tensor_contiguous(buf[i], s, heads, d);
+                for (int i = 0; i < 8; i++) *ts[i] = fa_tensor_contiguous(buf[i], s, heads, d);
                 p.lse = lse;
                 void *ws;
                 CHECK(cudaMalloc(&ws, fa2_bwd_workspace_size(&p, &g_dev)));
@@ -409,7 +380,7 @@ static void bench(int deterministic, const int *dims, int ndims, int only_causal
                     CHECK(cudaMemsetAsync(flush, r & 0xff, 256 << 20, 0));
                     CHECK(cudaEventRecord(e0, 0));
                     if (fa2_bwd_run(&p, &g_dev, ws, 0) != FA_OK) {
-                        printf("run failed: %s\n", g_err);
+                        printf("run failed: %s\n", fa_last_error());
                         exit(1);
                     }
                     CHECK(cudaEventRecord(e1, 0));

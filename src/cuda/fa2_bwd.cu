@@ -7,42 +7,48 @@
  * batch entry, at most FA2_BWD_MAX_SPLITS slices) and sums the slices in a fixed order. Its cost, measured on
  * an H200 (bf16, 16k tokens, hidden 2048, seqlen 2k-16k): 0-7% at head_dim 64, 0-11% at 128, 14-25% at 256,
  * plus nsplit times the fp32 dQ size of workspace.
+ *
+ * Tiles: the first row of fa2_bwd_tiles (fa2_bwd.cuh) for the head dim whose shared memory fits the device's
+ * opt-in limit per block. Testing knob: FLASHATTN_SMEM_LIMIT=<bytes> caps the limit the selection assumes, so
+ * that the configurations of GPUs with less shared memory run (and can be checked) on this one.
  */
+#include <stdlib.h>
+
 #include "fa2_bwd.cuh"
+#include "smem_limit.h"
 
 /* Deterministic mode: at most this many dQ accumulator slices (each as large as dQ in fp32). */
 #define FA2_BWD_MAX_SPLITS 16
 
-#define BWD_PER_HDIM(fn, head_dim) \
-    switch (head_dim) {            \
-    case 32: return fn<32>();      \
-    case 64: return fn<64>();      \
-    case 96: return fn<96>();      \
-    case 128: return fn<128>();    \
-    case 192: return fn<192>();    \
-    case 256: return fn<256>();    \
-    default: return 0;             \
+/* Total shared memory per block of tile configuration i. */
+static size_t bwd_tile_smem(int i) {
+    return fa2_bwd_smem_bytes(fa2_bwd_tiles[i]) + FA2_BWD_STATIC_SMEM;
+}
+
+/* The first configuration of the head dim that fits in the device's shared memory (index into fa2_bwd_tiles);
+ * -1 when the head dim has none, -2 when none fits. */
+static int bwd_tile(int head_dim, const fa_cuda_device *dev) {
+    const size_t limit = fa_cuda_smem_limit(dev);
+    int found = -1;
+    for (int i = 0; i < FA2_BWD_NTILES; i++) {
+        if (fa2_bwd_tiles[i].d != head_dim) continue;
+        if (bwd_tile_smem(i) <= limit) return i;
+        found = -2;
     }
-
-static int bwd_block_n(int head_dim) {
-    BWD_PER_HDIM(fa2_bwd_block_n, head_dim)
+    return found;
 }
 
-static size_t bwd_smem_bytes(int head_dim) {
-    BWD_PER_HDIM(fa2_bwd_smem_bytes, head_dim)
-}
-
-static int bwd_key_blocks(const fa_params *p) {
-    const int bn = bwd_block_n(p->head_dim);
-    return bn > 0 ? (p->seqlen_k + bn - 1) / bn : 0;
+static int bwd_key_blocks(const fa_params *p, int tile) {
+    const int bn = fa2_bwd_block_n(fa2_bwd_tiles[tile]);
+    return (p->seqlen_k + bn - 1) / bn;
 }
 
 /* CTAs per (kv head, batch) in deterministic mode, each with its own dQ accumulator slice: the n <= 16 that
  * minimises waves(n) x key blocks per CTA (one CTA per SM), the smallest such n to save memory. */
-static int bwd_nsplit(const fa_params *p, const fa_cuda_device *dev) {
+static int bwd_nsplit(const fa_params *p, const fa_cuda_device *dev, int tile) {
     if (!p->deterministic) return 1;
     const int64_t heads = (int64_t)p->batch * p->heads_kv, sms = dev->sm_count > 0 ? dev->sm_count : 1;
-    const int kb = bwd_key_blocks(p);
+    const int kb = bwd_key_blocks(p, tile);
     int best = 1;
     int64_t best_cost = INT64_MAX;
     for (int n = 1; n <= kb && n <= FA2_BWD_MAX_SPLITS; n++) {
@@ -68,19 +74,24 @@ static int bwd_aligned(const fa_tensor *t, int dense) {
 fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev) {
     if (p->dtype != FA_F16 && p->dtype != FA_BF16)
         return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 CUDA backward takes f16 or bf16 (dtype is f32)");
-    if (bwd_block_n(p->head_dim) == 0)
+    const int tile = bwd_tile(p->head_dim, dev);
+    if (tile == -1)
         return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 CUDA backward takes head_dim 32, 64, 96, 128, 192 or 256 (got %d)",
                        (int)p->head_dim);
     if (dev->cc_major < 8)
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "the FA2 CUDA backward needs compute capability 8.0 or newer (device has %d.%d)", dev->cc_major,
                        dev->cc_minor);
-    const size_t smem = bwd_smem_bytes(p->head_dim);
-    if (smem > dev->smem_optin)
+    if (tile < 0) {
+        size_t smem = 0; /* of the head dim's last (smallest) configuration */
+        for (int i = 0; i < FA2_BWD_NTILES; i++)
+            if (fa2_bwd_tiles[i].d == p->head_dim) smem = bwd_tile_smem(i);
+        const size_t limit = fa_cuda_smem_limit(dev);
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "the FA2 CUDA backward for head_dim %d needs %zu bytes of shared memory per block; the device "
-                       "allows %zu",
-                       (int)p->head_dim, smem, dev->smem_optin);
+                       "allows %zu%s",
+                       (int)p->head_dim, smem, limit, limit < dev->smem_optin ? " (FLASHATTN_SMEM_LIMIT)" : "");
+    }
     const int dense = !fa_is_varlen(p);
     const struct {
         const fa_tensor *t;
@@ -99,7 +110,9 @@ fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev) {
 size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
     const int64_t lse_n =
         fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
-    const size_t dq = (size_t)bwd_nsplit(p, dev) * (size_t)bwd_tokens_q(p) * p->heads_q * p->head_dim * sizeof(float);
+    const int tile = bwd_tile(p->head_dim, dev);
+    const int nsplit = tile >= 0 ? bwd_nsplit(p, dev, tile) : 1;
+    const size_t dq = (size_t)nsplit * (size_t)bwd_tokens_q(p) * p->heads_q * p->head_dim * sizeof(float);
     return bwd_align(dq) + 2 * bwd_align((size_t)lse_n * sizeof(float));
 }
 
@@ -110,7 +123,8 @@ fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *works
 
     const int64_t lse_n =
         fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
-    const int nsplit = bwd_nsplit(p, dev);
+    const int tile = bwd_tile(p->head_dim, dev);
+    const int nsplit = bwd_nsplit(p, dev, tile);
     const int64_t split_stride = bwd_tokens_q(p) * p->heads_q * p->head_dim;
     const size_t dq_bytes = (size_t)nsplit * (size_t)split_stride * sizeof(float);
 
@@ -146,14 +160,14 @@ fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *works
         st = fa_cuda_status(cudaMemsetAsync(a.dq_accum, 0, dq_bytes, stream), "fa2 backward dQ accumulator reset");
         if (st != FA_OK) return st;
     }
-    const int kb = bwd_key_blocks(p);
+    const int kb = bwd_key_blocks(p, tile);
     switch (p->head_dim) {
-    case 32: return fa2_bwd_launch_hdim32(&a, p->dtype, kb, stream);
-    case 64: return fa2_bwd_launch_hdim64(&a, p->dtype, kb, stream);
-    case 96: return fa2_bwd_launch_hdim96(&a, p->dtype, kb, stream);
-    case 128: return fa2_bwd_launch_hdim128(&a, p->dtype, kb, stream);
-    case 192: return fa2_bwd_launch_hdim192(&a, p->dtype, kb, stream);
-    case 256: return fa2_bwd_launch_hdim256(&a, p->dtype, kb, stream);
+    case 32: return fa2_bwd_launch_hdim32(&a, p->dtype, tile, kb, stream);
+    case 64: return fa2_bwd_launch_hdim64(&a, p->dtype, tile, kb, stream);
+    case 96: return fa2_bwd_launch_hdim96(&a, p->dtype, tile, kb, stream);
+    case 128: return fa2_bwd_launch_hdim128(&a, p->dtype, tile, kb, stream);
+    case 192: return fa2_bwd_launch_hdim192(&a, p->dtype, tile, kb, stream);
+    case 256: return fa2_bwd_launch_hdim256(&a, p->dtype, tile, kb, stream);
     default: return fa_fail(FA_ERR_INTERNAL, "fa2 backward: head_dim %d", (int)p->head_dim);
     }
 }

@@ -52,41 +52,61 @@ typedef struct fa2_bwd_args {
     int deterministic, nsplit;
 } fa2_bwd_args;
 
-/* Tile configuration per head dim D: BM query rows per step; WK x WD warps, warp (kw, wh) owning KR m16 tiles of
- * keys (BN = 16 KR WK key rows per CTA) and the column groups wh, wh + WD, .. of dK and dV; the dQ product split
- * WQM (rows) x NWARPS / WQM (columns) over the warps, in column chunks of DQ_CHUNK. Shared memory (bytes):
- * 2 (2 BN + 4 BM) (D + 8) + 2 (WD > 1 ? 2 : 1) BN (BM + 8) + 16 BM. Measurements behind the choices are in
- * docs/worklog.md ("FA2 backward (CUDA)"). */
-template <int D>
-struct fa2_bwd_tile;
-#define FA2_BWD_TILE(D_, BM_, KR_, WK_, WD_, WQM_, DQC_)                              \
-    template <>                                                                       \
-    struct fa2_bwd_tile<D_> {                                                         \
-        enum { BM = BM_, KR = KR_, WK = WK_, WD = WD_, WQM = WQM_, DQ_CHUNK = DQC_ }; \
-    }
-/*           D   BM  KR WK WD WQM DQ_CHUNK */
-FA2_BWD_TILE(32, 128, 1, 8, 1, 4, 16);
-FA2_BWD_TILE(64, 128, 2, 4, 2, 4, 32);
-FA2_BWD_TILE(96, 64, 1, 8, 1, 4, 16);
-FA2_BWD_TILE(128, 64, 2, 4, 2, 2, 32);
-FA2_BWD_TILE(192, 64, 1, 4, 2, 2, 48);
-FA2_BWD_TILE(256, 64, 2, 2, 4, 2, 32);
-#undef FA2_BWD_TILE
+/* One tile configuration of the main kernel for head dim D: BM query rows per step; WK x WD warps, warp (kw, wh)
+ * owning KR m16 tiles of keys (BN = 16 KR WK key rows per CTA) and the column groups wh, wh + WD, .. of dK and dV;
+ * the dQ product split WQM (rows) x NWARPS / WQM (columns) over the warps, in column chunks of DQ_CHUNK; QB
+ * buffers of Q, dO, LSE2 and D (2: the next step's loads overlap the whole step; 1: they overlap the dQ product
+ * only). Shared memory (bytes): 2 (2 BN + 2 QB BM) (D + 8) + 2 (WD > 1 ? 2 : 1) BN (BM + 8) + 8 QB BM. */
+typedef struct fa2_bwd_tile {
+    int d, bm, kr, wk, wd, wqm, dq_chunk, qb;
+} fa2_bwd_tile;
 
-template <int D>
-static inline int fa2_bwd_block_n(void) {
-    return 16 * fa2_bwd_tile<D>::KR * fa2_bwd_tile<D>::WK;
+/* The configurations of each head dim from the most shared memory to the least; the host takes the first that
+ * fits the device's opt-in shared memory per block (fa2_bwd.cu). The first row of a head dim is the fastest
+ * measured on the H200 (227 KB; docs/worklog.md, "FA2 backward (CUDA)"); the others serve the A100 (163 KB) and
+ * the 99 KB parts (sm_86, sm_89). Comments: shared memory in KB of 1024 bytes, [BM x BN], the GPUs that take it. */
+static constexpr fa2_bwd_tile fa2_bwd_tiles[] = {
+    /* D  BM KR WK WD WQM DQC QB */
+    { 32, 128, 1, 8, 1, 4, 16, 2 }, /* 96 KB [128 x 128]: every part */
+    { 64, 128, 2, 4, 2, 4, 32, 2 }, /* 178 KB [128 x 128]: H100, H200 */
+    { 64, 64, 2, 4, 2, 4, 32, 2 },  /* 109 KB [64 x 128]: A100; the H200 warp layout, half the queries */
+    { 64, 64, 1, 8, 1, 4, 32, 2 },  /* 91 KB [64 x 128]: 99 KB parts; WD = 1 needs no P^T buffer (d = 96 layout) */
+    { 96, 64, 1, 8, 1, 4, 16, 2 },  /* 123 KB [64 x 128]: H100, H200, A100 */
+    { 96, 64, 1, 8, 1, 4, 16, 1 },  /* 96.5 KB [64 x 128]: 99 KB parts; one Q / dO buffer */
+    { 128, 64, 2, 4, 2, 2, 32, 2 }, /* 173 KB [64 x 128]: H100, H200 */
+    { 128, 64, 2, 4, 2, 2, 32, 1 }, /* 138.5 KB [64 x 128]: A100; one Q / dO buffer */
+    { 128, 64, 1, 4, 2, 2, 32, 1 }, /* 86.5 KB [64 x 64]: 99 KB parts; half the keys, one Q / dO buffer */
+    { 192, 64, 1, 4, 2, 2, 48, 2 }, /* 169 KB [64 x 64]: H100, H200 */
+    { 192, 64, 1, 4, 2, 2, 48, 1 }, /* 118.5 KB [64 x 64]: A100; one Q / dO buffer */
+    { 192, 32, 1, 4, 2, 2, 48, 1 }, /* 85 KB [32 x 64]: 99 KB parts; half the queries, one Q / dO buffer */
+    { 256, 64, 2, 2, 4, 2, 32, 2 }, /* 217 KB [64 x 64]: H100, H200 */
+    { 256, 64, 2, 2, 4, 2, 32, 1 }, /* 150.5 KB [64 x 64]: A100; one Q / dO buffer */
+    { 256, 32, 1, 2, 2, 2, 32, 1 }, /* 71 KB [32 x 32]: 99 KB parts; 4 warps, one Q / dO buffer (64 x 32: 108.5 KB) */
+};
+#define FA2_BWD_NTILES ((int)(sizeof(fa2_bwd_tiles) / sizeof(fa2_bwd_tiles[0])))
+
+static constexpr int fa2_bwd_block_n(const fa2_bwd_tile &c) {
+    return 16 * c.kr * c.wk;
 }
-template <int D>
-static inline int fa2_bwd_threads(void) {
-    return 32 * fa2_bwd_tile<D>::WK * fa2_bwd_tile<D>::WD;
+static constexpr int fa2_bwd_threads(const fa2_bwd_tile &c) {
+    return 32 * c.wk * c.wd;
 }
-template <int D>
-static inline size_t fa2_bwd_smem_bytes(void) {
-    typedef fa2_bwd_tile<D> c;
-    const size_t bm = c::BM, bn = (size_t)fa2_bwd_block_n<D>();
-    return 2 * ((2 * bn + 4 * bm) * (D + 8) + (c::WD > 1 ? 2 : 1) * bn * (bm + 8)) + 16 * bm;
+/* Dynamic shared memory of the main kernel; its static shared memory (the sequence geometry, aligned like the
+ * dynamic area) takes FA2_BWD_STATIC_SMEM more. */
+static constexpr size_t fa2_bwd_smem_bytes(const fa2_bwd_tile &c) {
+    return 2 * ((size_t)(2 * fa2_bwd_block_n(c) + 2 * c.qb * c.bm) * (c.d + 8) +
+                (size_t)(c.wd > 1 ? 2 : 1) * fa2_bwd_block_n(c) * (c.bm + 8)) +
+           8 * (size_t)c.qb * c.bm;
 }
+#define FA2_BWD_STATIC_SMEM 128
+
+/* The host takes the first row that fits: each head dim's rows must come in decreasing shared memory. */
+static constexpr bool fa2_bwd_tiles_ordered(int i) {
+    return i >= FA2_BWD_NTILES || ((fa2_bwd_tiles[i].d != fa2_bwd_tiles[i - 1].d ||
+                                    fa2_bwd_smem_bytes(fa2_bwd_tiles[i]) < fa2_bwd_smem_bytes(fa2_bwd_tiles[i - 1])) &&
+                                   fa2_bwd_tiles_ordered(i + 1));
+}
+static_assert(fa2_bwd_tiles_ordered(1), "fa2_bwd_tiles: rows of a head dim out of order");
 
 #ifdef __CUDACC__
 
@@ -246,7 +266,7 @@ static __device__ __forceinline__ void bwd_load_step(const fa2_bwd_args &a, cons
  * Column groups of 16 are interleaved between warps sharing rows: warp half wh of dK/dV owns groups WD * j + wh,
  * dQ warp column wn owns groups WQN * j + wn. */
 
-template <typename T, int D, int BM, int KR, int WK, int WD, int WQM, int DQ_CHUNK>
+template <typename T, int D, int BM, int KR, int WK, int WD, int WQM, int DQ_CHUNK, int QB>
 __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_bwd_args a) {
     constexpr int KW = 16 * KR; /* keys per warp stripe */
     constexpr int BN = KW * WK, NWARPS = WK * WD, NT = NWARPS * 32;
@@ -260,18 +280,19 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
     static_assert(QW % 16 == 0 && DW % 16 == 0 && MW % 16 == 0 && NWQ % DQ_CHUNK == 0 && DQ_CHUNK % 16 == 0,
                   "tile shape");
     static_assert(NWARPS % WQM == 0, "warp split");
+    static_assert((QB == 1 || QB == 2) && BM <= NT, "query buffers, LSE2 / D loads");
     typedef fa_elem<T> dt;
 
     extern __shared__ __align__(128) unsigned char bwd_smem[];
     constexpr int RD = D + 8, RM = BM + 8; /* padded row lengths (fa_smem_tile) */
     T *sK = reinterpret_cast<T *>(bwd_smem);
     T *sV = sK + BN * RD;
-    T *sQ = sV + BN * RD;      /* 2 buffers */
-    T *sdO = sQ + 2 * BM * RD; /* 2 buffers */
-    T *sdS = sdO + 2 * BM * RD;
+    T *sQ = sV + BN * RD;       /* QB buffers */
+    T *sdO = sQ + QB * BM * RD; /* QB buffers */
+    T *sdS = sdO + QB * BM * RD;
     T *sP = sdS + BN * RM;                                                /* WD > 1 only */
-    float *sLSE = reinterpret_cast<float *>(sP + (WD > 1 ? BN * RM : 0)); /* 2 buffers */
-    float *sDs = sLSE + 2 * BM;                                           /* 2 buffers */
+    float *sLSE = reinterpret_cast<float *>(sP + (WD > 1 ? BN * RM : 0)); /* QB buffers */
+    float *sDs = sLSE + QB * BM;                                          /* QB buffers */
     const uint32_t aK = fa_smem_addr(sK), aV = fa_smem_addr(sV), aQ = fa_smem_addr(sQ);
     const uint32_t adO = fa_smem_addr(sdO), adS = fa_smem_addr(sdS), aP = fa_smem_addr(sP);
 
@@ -332,15 +353,17 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
                 for (int e = 0; e < 4; e++) dk[mr][j][e] = dv[mr][j][e] = 0.f;
 
         for (int t = 0; t < nsteps; t++) {
-            const int buf = t & 1;
+            const int buf = QB == 2 ? t & 1 : 0;
             const int hq = hk * a.group + t / nmb, m0 = (mb_lo + t % nmb) * BM;
             fa_cp_async_wait<0>();
             __syncthreads(); /* step t's tiles have landed; step t-1 is done with the other buffer and sdS */
-            if (t + 1 < nsteps)
-                bwd_load_step<T, D, BM, NT>(a, s, b, hk * a.group + (t + 1) / nmb, (mb_lo + (t + 1) % nmb) * BM,
-                                            aQ + 2 * (buf ^ 1) * BM * RD, adO + 2 * (buf ^ 1) * BM * RD,
-                                            sLSE + (buf ^ 1) * BM, sDs + (buf ^ 1) * BM);
-            fa_cp_async_commit();
+            if (QB == 2) {
+                if (t + 1 < nsteps)
+                    bwd_load_step<T, D, BM, NT>(a, s, b, hk * a.group + (t + 1) / nmb, (mb_lo + (t + 1) % nmb) * BM,
+                                                aQ + 2 * (buf ^ 1) * BM * RD, adO + 2 * (buf ^ 1) * BM * RD,
+                                                sLSE + (buf ^ 1) * BM, sDs + (buf ^ 1) * BM);
+                fa_cp_async_commit();
+            }
 
             const uint32_t aQb = aQ + 2 * buf * BM * RD, adOb = adO + 2 * buf * BM * RD;
             const float *lse2 = sLSE + buf * BM, *dsum = sDs + buf * BM;
@@ -526,12 +549,19 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
                     }
                 }
             }
-            if (WD == 1)
-                __syncthreads(); /* dS^T of every warp is in shared memory */
+            if (WD == 1 || QB == 1)
+                __syncthreads(); /* dS^T of every warp is in shared memory; QB = 1: every warp is done with Q, dO */
             else
                 __syncwarp(); /* keeps the compiler from interleaving the two products (register pressure) */
+            /* QB = 1: the next step's loads into the only buffer, under the dQ product */
+            if (QB == 1) {
+                if (t + 1 < nsteps)
+                    bwd_load_step<T, D, BM, NT>(a, s, b, hk * a.group + (t + 1) / nmb, (mb_lo + (t + 1) % nmb) * BM, aQ,
+                                                adO, sLSE, sDs);
+                fa_cp_async_commit();
+            }
 
-                /* dQ (BM x D) += dS K: warp (wm, wn) owns rows wm*MW.. and column groups WQN * j + wn */
+            /* dQ (BM x D) += dS K: warp (wm, wn) owns rows wm*MW.. and column groups WQN * j + wn */
 #pragma unroll
             for (int ch = 0; ch < NWQ / DQ_CHUNK; ch++) {
                 constexpr int NG = DQ_CHUNK / 16; /* column groups per chunk */
@@ -606,10 +636,35 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
 #undef BWD_OFF
 }
 
-/* Launches the three kernels for one head dim and dtype (dQaccum already zeroed). */
+/* The main kernel of tile configuration I (an index into fa2_bwd_tiles). */
+template <typename T, int I>
+static fa_status fa2_bwd_launch_main(const fa2_bwd_args *a, int key_blocks, cudaStream_t st) {
+    constexpr fa2_bwd_tile c = fa2_bwd_tiles[I];
+    void (*kernel)(const fa2_bwd_args) = fa2_bwd_main_kernel<T, c.d, c.bm, c.kr, c.wk, c.wd, c.wqm, c.dq_chunk, c.qb>;
+    const size_t smem = fa2_bwd_smem_bytes(c);
+    fa_status st1 = fa_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                                   "fa2 backward shared memory attribute");
+    if (st1 != FA_OK) return st1;
+    const dim3 grid(a->deterministic ? a->nsplit : key_blocks, a->heads_kv, a->batch);
+    kernel<<<grid, fa2_bwd_threads(c), smem, st>>>(*a);
+    return fa_cuda_status(cudaGetLastError(), "fa2 backward main launch");
+}
+
+/* Instantiates the main kernel for the rows I.. of fa2_bwd_tiles that belong to head dim D and launches row tile. */
+template <typename T, int D, int I>
+static fa_status fa2_bwd_launch_tile(const fa2_bwd_args *a, int tile, int key_blocks, cudaStream_t st) {
+    if constexpr (I == FA2_BWD_NTILES) {
+        return fa_fail(FA_ERR_INTERNAL, "fa2 backward: tile %d is not one of head_dim %d", tile, D);
+    } else {
+        if constexpr (fa2_bwd_tiles[I].d == D)
+            if (tile == I) return fa2_bwd_launch_main<T, I>(a, key_blocks, st);
+        return fa2_bwd_launch_tile<T, D, I + 1>(a, tile, key_blocks, st);
+    }
+}
+
+/* Launches the three kernels for one head dim and dtype with tile configuration tile (dQaccum already zeroed). */
 template <typename T, int D>
-static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int key_blocks, cudaStream_t st) {
-    typedef fa2_bwd_tile<D> c;
+static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int tile, int key_blocks, cudaStream_t st) {
     const dim3 rows_grid((a->seqlen_q + 63) / 64, a->heads_q, a->batch);
     if (a->seqlen_q > 0) {
         fa2_bwd_preprocess_kernel<T, D><<<rows_grid, 256, 0, st>>>(*a);
@@ -617,15 +672,7 @@ static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int key_blocks, cudaStrea
         if (st0 != FA_OK) return st0;
     }
     if (key_blocks > 0) {
-        void (*kernel)(const fa2_bwd_args) = fa2_bwd_main_kernel<T, D, c::BM, c::KR, c::WK, c::WD, c::WQM, c::DQ_CHUNK>;
-        const size_t smem = fa2_bwd_smem_bytes<D>();
-        fa_status st1 =
-            fa_cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                           "fa2 backward shared memory attribute");
-        if (st1 != FA_OK) return st1;
-        const dim3 grid(a->deterministic ? a->nsplit : key_blocks, a->heads_kv, a->batch);
-        kernel<<<grid, fa2_bwd_threads<D>(), smem, st>>>(*a);
-        st1 = fa_cuda_status(cudaGetLastError(), "fa2 backward main launch");
+        fa_status st1 = fa2_bwd_launch_tile<T, D, 0>(a, tile, key_blocks, st);
         if (st1 != FA_OK) return st1;
     }
     if (a->seqlen_q > 0) {
@@ -637,9 +684,10 @@ static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int key_blocks, cudaStrea
 
 #endif /* __CUDACC__ */
 
-/* One per instantiation file: launch for head dim D with the dtype of a (f16 or bf16). */
+/* One per instantiation file: launch for head dim D with the dtype of a (f16 or bf16) and tile configuration
+ * tile (an index into fa2_bwd_tiles). */
 #define FA2_BWD_DECLARE_LAUNCH(D) \
-    fa_status fa2_bwd_launch_hdim##D(const fa2_bwd_args *a, fa_dtype dtype, int key_blocks, cudaStream_t st)
+    fa_status fa2_bwd_launch_hdim##D(const fa2_bwd_args *a, fa_dtype dtype, int tile, int key_blocks, cudaStream_t st)
 FA2_BWD_DECLARE_LAUNCH(32);
 FA2_BWD_DECLARE_LAUNCH(64);
 FA2_BWD_DECLARE_LAUNCH(96);

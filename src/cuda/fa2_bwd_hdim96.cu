@@ -4,6 +4,6 @@
 #include "fa2_bwd.cuh"
 
 FA2_BWD_DECLARE_LAUNCH(96) {
-    return dtype == FA_BF16 ? fa2_bwd_launch<__nv_bfloat16, 96>(a, key_blocks, st)
-                            : fa2_bwd_launch<__half, 96>(a, key_blocks, st);
+    return dtype == FA_BF16 ? fa2_bwd_launch<__nv_bfloat16, 96>(a, tile, key_blocks, st)
+                            : fa2_bwd_launch<__half, 96>(a, tile, key_blocks, st);
 }

@@ -1,45 +1,78 @@
 /*
- * fa2_fwd.cu - FlashAttention-2 forward, host side: which problems the kernels take, the head-dim table, and
- * the launch. The kernel and its tile sizes are in fa2_fwd.cuh, one instantiation per head dim in
+ * fa2_fwd.cu - FlashAttention-2 forward, host side: which problems the kernels take, the tile configuration,
+ * and the launch. The kernel and its tile table are in fa2_fwd.cuh, instantiated once per head dim in
  * fa2_fwd_hdim*.cu.
+ *
+ * Tiles: the first row of fa2_fwd_tiles for the head dim whose shared memory fits the device's opt-in limit
+ * per block. Testing knob: FLASHATTN_SMEM_LIMIT=<bytes> caps the limit the selection assumes (smem_limit.h),
+ * so that the configurations of GPUs with less shared memory run (and can be checked) on a larger one.
  */
 #include <math.h>
 
 #include "fa2_fwd.cuh"
 #include "kernels.h"
+#include "smem_limit.h"
 
-typedef cudaError_t (*fa2_fwd_launcher)(const fa2_fwd_args *a, fa_dtype dtype, int batch, cudaStream_t stream);
+typedef cudaError_t (*fa2_fwd_launcher)(const fa2_fwd_args *a, fa_dtype dtype, int tile, int batch,
+                                        cudaStream_t stream);
 
-/* Head dim -> launcher and shared memory per block. Tile sizes and the reason for each: fa2_fwd_tile<D>. */
-static const struct fa2_fwd_variant {
-    int              head_dim;
-    fa2_fwd_launcher launch;
-    size_t           smem;
-} fa2_fwd_variants[] = {
-    {32, fa2_fwd_hdim32, fa2_fwd_smem_bytes<32>()},    {64, fa2_fwd_hdim64, fa2_fwd_smem_bytes<64>()},
-    {96, fa2_fwd_hdim96, fa2_fwd_smem_bytes<96>()},    {128, fa2_fwd_hdim128, fa2_fwd_smem_bytes<128>()},
-    {192, fa2_fwd_hdim192, fa2_fwd_smem_bytes<192>()}, {256, fa2_fwd_hdim256, fa2_fwd_smem_bytes<256>()},
-};
+static fa2_fwd_launcher fwd_launcher(int head_dim) {
+    switch (head_dim) {
+    case 32: return fa2_fwd_hdim32;
+    case 64: return fa2_fwd_hdim64;
+    case 96: return fa2_fwd_hdim96;
+    case 128: return fa2_fwd_hdim128;
+    case 192: return fa2_fwd_hdim192;
+    case 256: return fa2_fwd_hdim256;
+    default: return NULL;
+    }
+}
 
-static const struct fa2_fwd_variant *fa2_fwd_find(int head_dim) {
-    for (size_t i = 0; i < sizeof fa2_fwd_variants / sizeof fa2_fwd_variants[0]; i++)
-        if (fa2_fwd_variants[i].head_dim == head_dim) return &fa2_fwd_variants[i];
-    return NULL;
+/* The selection takes the first row that fits: each head dim's rows must come in decreasing shared memory.
+ * (Checked here, not in fa2_fwd.cuh: a tuning build may override a head dim's first row in its fa2_fwd_hdim*.cu
+ * only, and that row is always the one taken on the GPU it is tuned on.) */
+static constexpr bool fwd_tiles_ordered(int i) {
+    return i >= FA2_FWD_NTILES || ((fa2_fwd_tiles[i].d != fa2_fwd_tiles[i - 1].d ||
+                                    fa2_fwd_smem_bytes(fa2_fwd_tiles[i]) < fa2_fwd_smem_bytes(fa2_fwd_tiles[i - 1])) &&
+                                   fwd_tiles_ordered(i + 1));
+}
+static_assert(fwd_tiles_ordered(1), "fa2_fwd_tiles: rows of a head dim out of order");
+
+/* The first configuration of the head dim that fits in the device's shared memory (index into fa2_fwd_tiles);
+ * -1 when the head dim has none, -2 when none fits. */
+static int fwd_tile(int head_dim, const fa_cuda_device *dev) {
+    const size_t limit = fa_cuda_smem_limit(dev);
+    int          found = -1;
+    for (int i = 0; i < FA2_FWD_NTILES; i++) {
+        if (fa2_fwd_tiles[i].d != head_dim) continue;
+        if (fa2_fwd_smem_bytes(fa2_fwd_tiles[i]) <= limit) return i;
+        found = -2;
+    }
+    return found;
 }
 
 extern "C" fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device *dev) {
     if (p->dtype != FA_F16 && p->dtype != FA_BF16)
         return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 kernels take f16 or bf16 only (dtype %d)", (int)p->dtype);
-    const struct fa2_fwd_variant *v = fa2_fwd_find(p->head_dim);
-    if (!v)
+    const fa2_fwd_launcher launch = fwd_launcher(p->head_dim);
+    const int              tile   = fwd_tile(p->head_dim, dev);
+    if (!launch || tile == -1)
         return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) has no FA2 forward kernel (32, 64, 96, 128, 192, 256)",
                        p->head_dim);
     if (dev->cc_major < 8)
         return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 kernels need compute capability 8.0 or newer (device %d is %d.%d)",
                        dev->ordinal, dev->cc_major, dev->cc_minor);
-    if (v->smem > dev->smem_optin)
-        return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 forward for head_dim %d needs %zu bytes of shared memory per block; "
-                       "device %d allows %zu", p->head_dim, v->smem, dev->ordinal, dev->smem_optin);
+    if (tile < 0) {
+        size_t smem = 0; /* of the head dim's last (smallest) configuration */
+        for (int i = 0; i < FA2_FWD_NTILES; i++)
+            if (fa2_fwd_tiles[i].d == p->head_dim) smem = fa2_fwd_smem_bytes(fa2_fwd_tiles[i]);
+        const size_t limit = fa_cuda_smem_limit(dev);
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the FA2 forward for head_dim %d needs %zu bytes of shared memory per block; device %d "
+                       "allows %zu%s",
+                       p->head_dim, smem, dev->ordinal, limit,
+                       limit < dev->smem_optin ? " (FLASHATTN_SMEM_LIMIT)" : "");
+    }
     if (p->batch > 65535 || p->heads_q > 65535)
         return fa_fail(FA_ERR_UNSUPPORTED, "batch (%d) and heads_q (%d) must be <= 65535 for the FA2 forward grid",
                        p->batch, p->heads_q);
@@ -50,7 +83,7 @@ extern "C" fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device 
         if (ts[i]->stride_seq > INT32_MAX / 256)
             return fa_fail(FA_ERR_UNSUPPORTED, "%s.stride_seq (%lld) exceeds the FA2 kernels' limit (%d elements)",
                            nm[i], (long long)ts[i]->stride_seq, INT32_MAX / 256);
-    cudaError_t err = v->launch(NULL, p->dtype, 0, 0);
+    cudaError_t err = launch(NULL, p->dtype, tile, 0, 0);
     if (err != cudaSuccess) {
         cudaGetLastError();
         if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction)
@@ -68,10 +101,11 @@ extern "C" size_t fa2_fwd_workspace_size(const fa_params *p, const fa_cuda_devic
 }
 
 extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
-    (void)dev;
     (void)workspace;
-    const struct fa2_fwd_variant *v = fa2_fwd_find(p->head_dim);
-    if (!v) return fa_fail(FA_ERR_INTERNAL, "FA2 forward run for head_dim %d without a kernel", p->head_dim);
+    const fa2_fwd_launcher launch = fwd_launcher(p->head_dim);
+    const int              tile   = fwd_tile(p->head_dim, dev);
+    if (!launch || tile < 0)
+        return fa_fail(FA_ERR_INTERNAL, "FA2 forward run for head_dim %d without a kernel that fits", p->head_dim);
 
     fa2_fwd_args a;
     memset(&a, 0, sizeof a);
@@ -94,5 +128,5 @@ extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a.every_block_modified = p->softcap > 0.0f || p->alibi_slopes != NULL || p->softmax_scale < 0.0f;
 
     if (p->seqlen_q == 0) return FA_OK; /* a varlen batch of empty query sequences */
-    return fa_cuda_status(v->launch(&a, p->dtype, p->batch, stream), "FA2 forward launch");
+    return fa_cuda_status(launch(&a, p->dtype, tile, p->batch, stream), "FA2 forward launch");
 }

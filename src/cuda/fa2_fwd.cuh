@@ -1,10 +1,11 @@
 /*
  * fa2_fwd.cuh - the FlashAttention-2 forward kernel (Algorithm 1 of the paper) for sm_80+, its tile table
- * and launcher. Instantiated once per head dim in fa2_fwd_hdim*.cu; chosen and launched by fa2_fwd.cu.
+ * and launcher. Instantiated once per head dim in fa2_fwd_hdim*.cu (every row of the tile table of that head
+ * dim); the row is chosen and launched by fa2_fwd.cu.
  *
- * One block per (block of kBlockM query rows, query head, batch entry). The block keeps its Q tile in shared
+ * One block per (block of block_m query rows, query head, batch entry). The block keeps its Q tile in shared
  * memory and walks the key/value blocks it can see from the last to the first, so the blocks that need a mask
- * (the sequence tail and the causal diagonal) come first. Each warp owns kBlockM / kWarps whole query rows
+ * (the sequence tail and the causal diagonal) come first. Each warp owns block_m / warps whole query rows
  * ("split-Q"): its row max and row sum never leave the warp. Per key block:
  *   S = Q K^T            mma.sync m16n8k16, Q and K fragments by ldmatrix from padded shared memory (Q held
  *                        in registers when a warp has a single m16 tile)
@@ -12,9 +13,10 @@
  *   online softmax       m and l in log2 units; exp2(s * scale * log2(e) - m) is one FFMA and one MUFU op;
  *                        1/l is applied once at the end
  *   O += P V             P converted to 16 bits in registers is the A operand; V fragments by ldmatrix.trans
- * K/V arrive by cp.async: with kStages = 2 the next block's K and V are copied while this one is computed
- * (one barrier per block); a block may be processed in softmax steps of kStepN keys; with kStages = 1 (the large head dims, to fit two blocks per SM) V is copied during
- * QK^T and the next K during softmax and PV, as in the paper's implementation.
+ * K/V arrive by cp.async: with 2 stages the next block's K and V are copied while this one is computed (one
+ * barrier per block), and a block may be processed in softmax steps of step_n keys; with 1 stage (the large
+ * head dims, to fit two blocks per SM) V is copied during QK^T and the next K during softmax and PV, as in the
+ * paper's implementation.
  * O goes back through the warp's own rows of the Q tile for 16-byte coalesced stores.
  */
 #ifndef FLASHATTN_CUDA_FA2_FWD_CUH
@@ -51,60 +53,78 @@ typedef struct fa2_fwd_args {
 } fa2_fwd_args;
 
 /* ---------------------------------------------------------------------------------------------------------
- * Tile table, per head dim, for sm_80 .. sm_90:
- *   kBlockM  query rows per block (kBlockM / kWarps per warp, a multiple of 16)
- *   kBlockN  keys per K/V tile (one barrier per tile)
- *   kStepN   keys per softmax step inside a tile (S takes (kBlockM / kWarps / 16) * kStepN / 2 registers)
- *   kStages  K/V tiles in flight (2: the next tile is copied during this one; 1: V during QK^T, next K after)
- * Shared memory = (kBlockM + 2 * kStages * kBlockN) * (2 * head_dim + 16) bytes (rows padded by 16 bytes).
- * O takes (kBlockM / kWarps / 16) * head_dim / 2 fp32 registers per thread. Each warp needs two m16 tiles of
- * rows to feed the tensor cores from shared memory: with one, ldmatrix traffic per mma doubles.
+ * Tile table for sm_80 .. sm_90. One row is one configuration of the kernel for head dim d:
+ *   block_m  query rows per block (block_m / warps per warp, a multiple of 16)
+ *   block_n  keys per K/V tile (one barrier per tile)
+ *   step_n   keys per softmax step inside a tile (S takes (block_m / warps / 16) * step_n / 2 registers)
+ *   stages   K/V tiles in flight (2: the next tile is copied during this one; 1: V during QK^T, next K after)
+ * Shared memory = (block_m + 2 * stages * block_n) * (2 * d + 16) bytes (rows padded by 16 bytes); the kernel
+ * has no static shared memory. O takes (block_m / warps / 16) * d / 2 fp32 registers per thread. Each warp
+ * needs two m16 tiles of rows to feed the tensor cores from shared memory: with one, ldmatrix traffic per mma
+ * doubles.
  * ------------------------------------------------------------------------------------------------------- */
-template <int D> struct fa2_fwd_tile;
-#define FA2_FWD_TILE(D, M, N, STEP, WARPS, STAGES)                                                              \
-    template <> struct fa2_fwd_tile<D> {                                                                        \
-        enum { kBlockM = M, kBlockN = N, kStepN = STEP, kWarps = WARPS, kStages = STAGES };                     \
-    };
-/* Tuning builds may override a row with -DFA2_FWD_TILE_<D>="M, N, STEP, WARPS, STAGES". */
-#ifndef FA2_FWD_TILE_32 /* 50 KB; O is 32 registers, so a 128-key tile halves the barriers per key */
+typedef struct fa2_fwd_tile {
+    int d, block_m, block_n, step_n, warps, stages;
+} fa2_fwd_tile;
+
+/* Tuning builds may override the first row of a head dim with -DFA2_FWD_TILE_<D>="M, N, STEP, WARPS, STAGES". */
+#ifndef FA2_FWD_TILE_32
 #define FA2_FWD_TILE_32 128, 128, 64, 4, 2
 #endif
-#ifndef FA2_FWD_TILE_64 /* 81 KB (2 blocks per SM); O 64 + S 64 registers */
+#ifndef FA2_FWD_TILE_64
 #define FA2_FWD_TILE_64 128, 64, 64, 4, 2
 #endif
-#ifndef FA2_FWD_TILE_96 /* 78 KB; O is 96 registers, which leaves room for a 32-key softmax step only */
+#ifndef FA2_FWD_TILE_96
 #define FA2_FWD_TILE_96 128, 64, 32, 4, 2
 #endif
-#ifndef FA2_FWD_TILE_128 /* 102 KB (2 blocks per SM); O 128 + S 64 registers, the paper's A100/H100 tile */
+#ifndef FA2_FWD_TILE_128
 #define FA2_FWD_TILE_128 128, 64, 64, 4, 2
 #endif
-#ifndef FA2_FWD_TILE_192 /* 75 KB, single-stage so that two blocks share an SM; one m16 tile per warp (O 96 regs) */
+#ifndef FA2_FWD_TILE_192
 #define FA2_FWD_TILE_192 64, 64, 64, 4, 1
 #endif
-#ifndef FA2_FWD_TILE_256 /* 99 KB, single-stage: two blocks per SM hide each other's loads (O alone is 128 regs) */
+#ifndef FA2_FWD_TILE_256
 #define FA2_FWD_TILE_256 64, 64, 64, 4, 1
 #endif
-#define FA2_FWD_TILE_ROW(D, ...) FA2_FWD_TILE(D, __VA_ARGS__)
-FA2_FWD_TILE_ROW(32, FA2_FWD_TILE_32)
-FA2_FWD_TILE_ROW(64, FA2_FWD_TILE_64)
-FA2_FWD_TILE_ROW(96, FA2_FWD_TILE_96)
-FA2_FWD_TILE_ROW(128, FA2_FWD_TILE_128)
-FA2_FWD_TILE_ROW(192, FA2_FWD_TILE_192)
-FA2_FWD_TILE_ROW(256, FA2_FWD_TILE_256)
 
-template <int D> static constexpr size_t fa2_fwd_smem_bytes(void) {
-    typedef fa2_fwd_tile<D> t;
-    return (size_t)(2 * D + 16) * (t::kBlockM + 2 * t::kStages * t::kBlockN);
+/* The configurations of each head dim from the most shared memory to the least; the host takes the first that
+ * fits the device's opt-in shared memory per block (fa2_fwd.cu): 227 KB on H100/H200, 163 KB on A100, 99 KB
+ * (101376 bytes) on sm_86, sm_89 and sm_120. The first row of a head dim is the one measured on the H200
+ * (docs/worklog.md). Comments: shared memory in KB of 1024 bytes, [block_m x block_n], the GPUs that take it. */
+static constexpr fa2_fwd_tile fa2_fwd_tiles[] = {
+    /* d, block_m, block_n, step_n, warps, stages */
+    {32, FA2_FWD_TILE_32},   /* 50 KB [128 x 128]: every part; O is 32 registers, so 128-key tiles halve the
+                                barriers per key */
+    {64, FA2_FWD_TILE_64},   /* 54 KB [128 x 64]: every part; O 64 + S 64 registers */
+    {96, FA2_FWD_TILE_96},   /* 78 KB [128 x 64]: every part; O is 96 registers, which leaves room for a 32-key
+                                softmax step only */
+    {128, FA2_FWD_TILE_128}, /* 102 KB [128 x 64]: H100, H200 (2 blocks per SM), A100; O 128 + S 64 registers,
+                                the paper's A100/H100 tile */
+    {128, 64, 64, 64, 4, 2}, /* 85 KB [64 x 64]: 99 KB parts; one m16 tile per warp, Q in registers (spill-free) */
+    {192, FA2_FWD_TILE_192}, /* 75 KB [64 x 64]: every part; single-stage so that two blocks share an H200 SM;
+                                one m16 tile per warp (O 96 registers) */
+    {256, FA2_FWD_TILE_256}, /* 99 KB [64 x 64]: every part, exactly the 99 KB parts' limit; single-stage: two
+                                blocks per H200 SM hide each other's loads (O alone is 128 registers) */
+    {256, 64, 32, 32, 4, 1}, /* 66 KB [64 x 32]: below 99 KB (a limit set by FLASHATTN_SMEM_LIMIT); half the keys
+                                per tile */
+};
+#define FA2_FWD_NTILES ((int)(sizeof(fa2_fwd_tiles) / sizeof(fa2_fwd_tiles[0])))
+
+static constexpr size_t fa2_fwd_smem_bytes(const fa2_fwd_tile &t) {
+    return (size_t)(2 * t.d + 16) * (t.block_m + 2 * t.stages * t.block_n);
 }
 
-/* One launcher per head dim (fa2_fwd_hdim*.cu). With a == NULL it only checks that this build holds the
- * kernel for the current device (cudaErrorNoKernelImageForDevice if not). */
-cudaError_t fa2_fwd_hdim32(const fa2_fwd_args *a, fa_dtype dtype, int batch, cudaStream_t stream);
-cudaError_t fa2_fwd_hdim64(const fa2_fwd_args *a, fa_dtype dtype, int batch, cudaStream_t stream);
-cudaError_t fa2_fwd_hdim96(const fa2_fwd_args *a, fa_dtype dtype, int batch, cudaStream_t stream);
-cudaError_t fa2_fwd_hdim128(const fa2_fwd_args *a, fa_dtype dtype, int batch, cudaStream_t stream);
-cudaError_t fa2_fwd_hdim192(const fa2_fwd_args *a, fa_dtype dtype, int batch, cudaStream_t stream);
-cudaError_t fa2_fwd_hdim256(const fa2_fwd_args *a, fa_dtype dtype, int batch, cudaStream_t stream);
+/* One launcher per head dim (fa2_fwd_hdim*.cu): runs configuration `tile` (an index into fa2_fwd_tiles, a row
+ * of that head dim). With a == NULL it only checks that this build holds the kernel for the current device
+ * (cudaErrorNoKernelImageForDevice if not). */
+#define FA2_FWD_DECLARE_HDIM(D) \
+    cudaError_t fa2_fwd_hdim##D(const fa2_fwd_args *a, fa_dtype dtype, int tile, int batch, cudaStream_t stream)
+FA2_FWD_DECLARE_HDIM(32);
+FA2_FWD_DECLARE_HDIM(64);
+FA2_FWD_DECLARE_HDIM(96);
+FA2_FWD_DECLARE_HDIM(128);
+FA2_FWD_DECLARE_HDIM(192);
+FA2_FWD_DECLARE_HDIM(256);
 
 #ifdef __CUDACC__
 
@@ -486,31 +506,42 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     }
 }
 
-/* Launches the kernel of head dim D for dtype T: grid (query blocks, heads_q, batch). */
-template <typename T, int D>
-static cudaError_t fa2_fwd_launch(const fa2_fwd_args *a, int batch, cudaStream_t stream) {
-    typedef fa2_fwd_tile<D> tile;
-    void (*kernel)(const fa2_fwd_args) =
-        fa2_fwd_kernel<T, D, tile::kBlockM, tile::kBlockN, tile::kStepN, tile::kWarps, tile::kStages>;
+/* Launches configuration I of fa2_fwd_tiles for dtype T: grid (query blocks, heads_q, batch). */
+template <typename T, int I>
+static cudaError_t fa2_fwd_launch_tile(const fa2_fwd_args *a, int batch, cudaStream_t stream) {
+    constexpr fa2_fwd_tile t = fa2_fwd_tiles[I];
+    void (*kernel)(const fa2_fwd_args) = fa2_fwd_kernel<T, t.d, t.block_m, t.block_n, t.step_n, t.warps, t.stages>;
     if (!a) {
         cudaFuncAttributes attr;
         return cudaFuncGetAttributes(&attr, kernel);
     }
-    const int   smem = (int)fa2_fwd_smem_bytes<D>();
+    const int   smem = (int)fa2_fwd_smem_bytes(t);
     cudaError_t err  = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    (int)cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
-    dim3 grid((unsigned)((a->seqlen_q + tile::kBlockM - 1) / tile::kBlockM), (unsigned)a->heads_q, (unsigned)batch);
-    kernel<<<grid, tile::kWarps * 32, smem, stream>>>(*a);
+    dim3 grid((unsigned)((a->seqlen_q + t.block_m - 1) / t.block_m), (unsigned)a->heads_q, (unsigned)batch);
+    kernel<<<grid, t.warps * 32, smem, stream>>>(*a);
     return cudaGetLastError();
 }
 
-#define FA2_FWD_DEFINE_HDIM(D)                                                                              \
-    cudaError_t fa2_fwd_hdim##D(const fa2_fwd_args *a, fa_dtype dtype, int batch, cudaStream_t stream) {    \
-        return dtype == FA_BF16 ? fa2_fwd_launch<__nv_bfloat16, D>(a, batch, stream)                        \
-                                : fa2_fwd_launch<__half, D>(a, batch, stream);                              \
+/* Instantiates the kernel for the rows I.. of fa2_fwd_tiles that belong to head dim D and launches row `tile`. */
+template <typename T, int D, int I>
+static cudaError_t fa2_fwd_launch(const fa2_fwd_args *a, int tile, int batch, cudaStream_t stream) {
+    if constexpr (I == FA2_FWD_NTILES) {
+        return cudaErrorInvalidValue; /* tile is not a row of head dim D */
+    } else {
+        if constexpr (fa2_fwd_tiles[I].d == D)
+            if (tile == I) return fa2_fwd_launch_tile<T, I>(a, batch, stream);
+        return fa2_fwd_launch<T, D, I + 1>(a, tile, batch, stream);
+    }
+}
+
+#define FA2_FWD_DEFINE_HDIM(D)                                                                          \
+    FA2_FWD_DECLARE_HDIM(D) {                                                                           \
+        return dtype == FA_BF16 ? fa2_fwd_launch<__nv_bfloat16, D, 0>(a, tile, batch, stream)           \
+                                : fa2_fwd_launch<__half, D, 0>(a, tile, batch, stream);                 \
     }
 
 #endif /* __CUDACC__ */
