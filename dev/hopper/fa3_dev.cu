@@ -123,7 +123,9 @@ __global__ void __launch_bounds__(128) unit_kernel(const __grid_constant__ CUten
     hp_mbar_wait(bar, 0);
     float s[BN / 2];
     for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-    fa3_issue_qk<D, BN, true>(s, hp_desc_sw128(s_q, 16, 1024), hp_desc_sw128(s_k, 16, 1024));
+    fa3_qop<D, false> q;
+    q.desc = hp_desc_sw128(s_q, 16, 1024);
+    fa3_issue_qk<D, BN, true, false>(s, q, hp_desc_sw128(s_k, 16, 1024));
     hp_wgmma_wait<0>();
     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
     const int r0 = 16 * warp + lane / 4;
@@ -496,6 +498,9 @@ static int check_all(fa_cuda_device *dev, int small_only) {
         static const int v1[] = {130, 7, 70, 200};
         cs[n++] = mk("small d128 causal 200x300 gqa", 1, 128, 1, 4, 2, 200, 300, 1);
         cs[n++] = mkv("small d64 varlen causal", 1, 64, 2, 1, 1, 2, v1);
+        cs[n++] = mk("small d64 600x700 (192 x 96 tiles)", 1, 64, 1, 2, 2, 600, 700, 0);
+        /* more tiles (144) than SMs: persistent CTAs take a second tile */
+        cs[n++] = mk("small d128 causal 1100 persistent", 1, 128, 2, 8, 8, 1100, 1100, 1);
     } else {
         static const int v1[] = {300, 1, 517, 128, 400, 250, 5, 128};
         static const int v2[] = {500, 64, 191, 0, 500, 30, 191, 17};

@@ -8,6 +8,7 @@ wrappers are generated rather than written by hand. Run from the repository root
 
 SS_N = [64, 80, 96, 112, 128, 144, 160, 176, 192]  # S = Q K^T: N = key block
 RS_N = [64, 128, 256]                             # O += P V: N = head dim
+RSK_N = [128]                                     # S = Q K^T with Q in registers: N = key block
 TYPES = [("half", "f16", "false"), ("bf16", "bf16", "true")]
 
 
@@ -39,10 +40,10 @@ def emit_ss(n, ptx_type, is_bf16):
     print()
 
 
-def emit_rs(n, ptx_type, is_bf16):
+def emit_rs(n, ptx_type, is_bf16, name="fa3_wgmma_rs", trans_b=1):
     nacc = n // 2
-    print("template <> __device__ __forceinline__ void fa3_wgmma_rs<%d, %s>(float (&d)[%d], uint32_t a0, uint32_t a1,"
-          % (n, is_bf16, nacc))
+    print("template <> __device__ __forceinline__ void %s<%d, %s>(float (&d)[%d], uint32_t a0, uint32_t a1,"
+          % (name, n, is_bf16, nacc))
     print("                                                              uint32_t a2, uint32_t a3, uint64_t desc_b,")
     print("                                                              int accumulate) {")
     print("    asm volatile(")
@@ -51,8 +52,8 @@ def emit_rs(n, ptx_type, is_bf16):
     for i in range(0, nacc, 16):
         sep = ", " if i + 16 < nacc else ""
         print('        "%s%s"' % (reg_list(i, min(16, nacc - i)), sep))
-    print('        "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 1;\\n}\\n"'
-          % (nacc, nacc + 1, nacc + 2, nacc + 3, nacc + 4))
+    print('        "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %d;\\n}\\n"'
+          % (nacc, nacc + 1, nacc + 2, nacc + 3, nacc + 4, trans_b))
     print("        : " + acc_operands(n))
     print('        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));')
     print("}")
@@ -67,6 +68,8 @@ print("""/*
  *   (128B-swizzled descriptors); accumulate = 0 overwrites D.
  * fa3_wgmma_rs<N, BF16>: D[64 x N] (+)= A[64 x 16] * B[16 x N], A in registers (four 16-bit pairs per thread),
  *   B in shared memory MN-major (the transpose-B immediate is set).
+ * fa3_wgmma_rs_kmajor<N, BF16>: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A in registers, B in shared memory
+ *   K-major (as fa3_wgmma_ss's B).
  * D is the fp32 accumulator fragment: d[e + 2h + 4c] holds (row 16 * warp + lane / 4 + 8h, col 8c + 2 * (lane % 4) + e).
  */
 #ifndef FLASHATTN_CUDA_FA3_WGMMA_CUH
@@ -81,6 +84,10 @@ template <int N, bool BF16>
 __device__ __forceinline__ void fa3_wgmma_rs(float (&d)[N / 2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint64_t desc_b, int accumulate);
 
+template <int N, bool BF16>
+__device__ __forceinline__ void fa3_wgmma_rs_kmajor(float (&d)[N / 2], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                    uint32_t a3, uint64_t desc_b, int accumulate);
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 """)
 for _, ptx, bf in TYPES:
@@ -88,6 +95,8 @@ for _, ptx, bf in TYPES:
         emit_ss(n, ptx, bf)
     for n in RS_N:
         emit_rs(n, ptx, bf)
+    for n in RSK_N:
+        emit_rs(n, ptx, bf, "fa3_wgmma_rs_kmajor", 0)
 print("""#endif /* sm_90a */
 
 #endif /* FLASHATTN_CUDA_FA3_WGMMA_CUH */""")

@@ -3,9 +3,12 @@
  * problem, the tensor maps, and the dispatch to the per-head-dim launchers (the kernel is in fa3_fwd.cuh).
  *
  * Developer knobs (environment, for measuring the design steps): FLASHATTN_FA3_SCHEDULE = full | pingpong |
- * overlap | plain picks the consumer schedule of head dim 128 (bf16); FLASHATTN_FA3_BLOCK_M = 128 | 192 the
- * query tile of head dim 64; FLASHATTN_FA3_SCHEDULER = dynamic (tiles from the atomic counter) | static (round
- * robin) | grid (one CTA per tile, not persistent); FLASHATTN_FA3_LAZY = 0 rescales O whenever a row max grows.
+ * overlap | plain (Q from shared memory) | qreg (the default: full, Q K^T with Q from registers) picks the
+ * consumer schedule of head dim 128 (bf16; overlap and full also apply to 128-row tiles of head dim 64);
+ * FLASHATTN_FA3_BLOCK_M = 128 | 192 the query tile of head dim 64, FLASHATTN_FA3_BLOCK_N = 96 | 128 the key
+ * block of its 192-row tiles; FLASHATTN_FA3_SCHEDULER = dynamic (tiles from the atomic counter) | static
+ * (round robin) | grid (one CTA per tile, not persistent); FLASHATTN_FA3_LAZY = 0 rescales O whenever a row max
+ * grows; FLASHATTN_FA3_ORDER = head keeps causal tiles in head-major order.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -90,13 +93,37 @@ static int env_schedule(void) {
     if (strcmp(s, "pingpong") == 0) return FA3_SCHEDULE_PINGPONG;
     if (strcmp(s, "overlap") == 0) return FA3_SCHEDULE_OVERLAP;
     if (strcmp(s, "plain") == 0) return FA3_SCHEDULE_PLAIN;
+    if (strcmp(s, "qreg") == 0) return FA3_SCHEDULE_QREG;
     return FA3_SCHEDULE_DEFAULT;
 }
 
 /* Key-block width: 128 for head dims 64 and 128 (176 measured slower: the wider S spills), 80 for 256 (two
- * stages of K and V plus Q fill shared memory). */
-static int choose_block_n(const fa_params *p) {
-    return p->head_dim == 256 ? 80 : 128;
+ * stages of K and V plus Q fill shared memory). Head dim 64 with three consumer warpgroups (192-row tiles) under
+ * a causal (right-bounded) mask: 96, where the 160 registers of a consumer do not spill (with 128 they do);
+ * that measured 3-9% faster there, and within noise (either way) without a mask. FLASHATTN_FA3_BLOCK_N = 96 |
+ * 128 overrides it for those tiles. */
+static int choose_block_n(const fa_params *p, int block_m) {
+    if (p->head_dim == 256) return 80;
+    if (p->head_dim == 64 && block_m == 192) {
+        const char *env = getenv("FLASHATTN_FA3_BLOCK_N");
+        if (env != NULL && (atoi(env) == 96 || atoi(env) == 128)) return atoi(env);
+        return p->causal || p->window_right >= 0 ? 96 : 128;
+    }
+    return 128;
+}
+
+/* Tiles of unequal length (a causal or right-bounded window mask): the (batch, head) pairs per section of the
+ * longest-first tile order (fa3_args.section), as many as keep their K and V within about 32 MB of L2. Equal
+ * tiles, or FLASHATTN_FA3_ORDER = head: 0, head-major. */
+static int longest_first_section(const fa_params *p, int right_bounded) {
+    const char *env = getenv("FLASHATTN_FA3_ORDER");
+    if (!right_bounded || (env != NULL && strcmp(env, "head") == 0)) return 0;
+    const int64_t pairs = (int64_t)p->heads_q * p->batch;
+    const int64_t kv_bytes = (int64_t)p->seqlen_k * p->head_dim * 4 / (p->heads_q / p->heads_kv); /* per query head */
+    int64_t n = ((int64_t)32 << 20) / (kv_bytes > 0 ? kv_bytes : 1);
+    if (n < 1) n = 1;
+    if (n > pairs) n = pairs;
+    return (int)n;
 }
 
 /* 5-D view {64, rows, head_dim / 64, heads, batch} of a (batch, rows, heads, head_dim) tensor. */
@@ -121,8 +148,8 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
 
     const int window_right = p->causal ? 0 : p->window_right;
     const int schedule = env_schedule();
-    const int block_n = choose_block_n(p);
     const int block_m = fa3_block_m(p);
+    const int block_n = choose_block_n(p, block_m);
 
     fa3_problem pr;
     memset(&pr, 0, sizeof pr);
@@ -133,6 +160,7 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->group = p->heads_q / p->heads_kv;
     a->num_m_blocks = (p->seqlen_q + block_m - 1) / block_m;
     a->reverse_m = window_right >= 0;
+    a->section = longest_first_section(p, a->reverse_m);
     a->cu_q = p->cu_seqlens_q;
     a->cu_k = p->cu_seqlens_k;
     const float log2e = 1.4426950408889634f;
@@ -176,7 +204,7 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
 
     const int bf16 = p->dtype == FA_BF16;
     switch (p->head_dim) {
-    case 64: return fa3_run_hdim64(&pr, bf16, block_m, schedule, stream);
+    case 64: return fa3_run_hdim64(&pr, bf16, block_m, block_n, schedule, stream);
     case 128: return fa3_run_hdim128(&pr, bf16, block_n, schedule, stream);
     case 256: return fa3_run_hdim256(&pr, bf16, block_n, schedule, stream);
     default: return fa_fail(FA_ERR_INTERNAL, "fa3 forward: no launcher for head_dim %d", p->head_dim);

@@ -1,14 +1,27 @@
 /*
- * fa3_fwd_hdim64.cu - FA3 forward instantiations for head dim 64, 128-key blocks: 192-row tiles with three
- * consumer warpgroups (overlap + ping-pong), or 128-row tiles with two (overlap only; short causal problems).
+ * fa3_fwd_hdim64.cu - FA3 forward instantiations for head dim 64: 192-row tiles with three consumer warpgroups
+ * (overlap + ping-pong) and 128-key blocks, or 96-key blocks under a causal mask (at 160 registers a 128-key
+ * block spills); or 128 x 128 tiles with two (overlap only, Q K^T with Q from registers; short problems). For
+ * bf16 also the 128 x 128 schedules to measure against: Q from shared memory (FLASHATTN_FA3_SCHEDULE = overlap)
+ * and that with ping-pong (full).
  */
 #include "cuda/fa3_fwd.cuh"
 
-fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int schedule, cudaStream_t stream) {
-    (void)schedule;
-    if (block_m == 128)
-        return bf16 ? fa3_launch<64, 128, 2, 2, true, true, false>(pr, stream)
-                    : fa3_launch<64, 128, 2, 2, false, true, false>(pr, stream);
-    return bf16 ? fa3_launch<64, 128, 3, 2, true, true, true>(pr, stream)
-                : fa3_launch<64, 128, 3, 2, false, true, true>(pr, stream);
+fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block_n, int schedule,
+                         cudaStream_t stream) {
+    if (block_m == 128) {
+        if (block_n != 128) return fa_fail(FA_ERR_INTERNAL, "fa3 forward: head dim 64 has no 128 x %d tile", block_n);
+        if (!bf16) return fa3_launch<64, 128, 2, 2, false, true, false, true>(pr, stream);
+        switch (schedule) {
+        case FA3_SCHEDULE_OVERLAP: return fa3_launch<64, 128, 2, 2, true, true, false>(pr, stream);
+        case FA3_SCHEDULE_FULL: return fa3_launch<64, 128, 2, 2, true, true, true>(pr, stream);
+        default: return fa3_launch<64, 128, 2, 2, true, true, false, true>(pr, stream);
+        }
+    }
+    if (block_n == 128)
+        return bf16 ? fa3_launch<64, 128, 3, 2, true, true, true>(pr, stream)
+                    : fa3_launch<64, 128, 3, 2, false, true, true>(pr, stream);
+    if (block_n != 96) return fa_fail(FA_ERR_INTERNAL, "fa3 forward: head dim 64 has no 192 x %d tile", block_n);
+    return bf16 ? fa3_launch<64, 96, 3, 2, true, true, true>(pr, stream)
+                : fa3_launch<64, 96, 3, 2, false, true, true>(pr, stream);
 }
