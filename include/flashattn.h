@@ -140,7 +140,9 @@ typedef struct fa_params {
     int32_t head_dim;
 
     /* Varlen: both NULL (dense) or both set, each batch + 1 int32 prefix sums starting at 0. total_q and
-     * total_k are the number of token rows the packed tensors hold (>= cu_seqlens[batch]). */
+     * total_k are the number of token rows the packed tensors hold (>= cu_seqlens[batch]). The host backends
+     * check the prefix sums against seqlen_q/k and total_q/k; the CUDA backends read them in device memory
+     * and trust them (checking would need a synchronising copy), so they must hold those bounds. */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
     int64_t total_q;
