@@ -266,6 +266,37 @@ static __device__ __forceinline__ void bwd_load_step(const fa2_bwd_args &a, cons
  * Column groups of 16 are interleaved between warps sharing rows: warp half wh of dK/dV owns groups WD * j + wh,
  * dQ warp column wn owns groups WQN * j + wn. */
 
+/* acc = A B^T over the head dim, for one warp: KR m16 tiles of A rows (K or V) times QW columns of B rows
+ * (Q or dO), both in TD's padded layout with the lane's ldmatrix offsets folded into the base addresses.
+ * S^T = K Q^T and dP^T = V dO^T are both this product. */
+template <typename T, typename TD, int D, int KR, int QW>
+static __device__ __forceinline__ void bwd_rows_x_rows(float (&acc)[KR][QW / 8][4], uint32_t a_base,
+                                                       uint32_t b_base) {
+    typedef fa_elem<T> dt;
+#pragma unroll
+    for (int mr = 0; mr < KR; mr++)
+#pragma unroll
+        for (int j = 0; j < QW / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mr][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[KR][4];
+#pragma unroll
+        for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(a[mr], a_base + TD::offset(mr * 16, 2 * kk));
+#pragma unroll
+        for (int jp = 0; jp < QW / 16; jp++) {
+            uint32_t bf[4];
+            fa_ldmatrix_x4(bf, b_base + TD::offset(jp * 16, 2 * kk));
+#pragma unroll
+            for (int mr = 0; mr < KR; mr++) {
+                dt::mma(acc[mr][2 * jp], a[mr], bf[0], bf[1]);
+                dt::mma(acc[mr][2 * jp + 1], a[mr], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
 template <typename T, int D, int BM, int KR, int WK, int WD, int WQM, int DQ_CHUNK, int QB>
 __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_bwd_args a) {
     constexpr int KW = 16 * KR; /* keys per warp stripe */
@@ -370,28 +401,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
 
             /* S^T = K Q^T: rows kw*KW.., columns (queries) wh*QW.. */
             float sacc[KR][QW / 8][4];
-#pragma unroll
-            for (int mr = 0; mr < KR; mr++)
-#pragma unroll
-                for (int j = 0; j < QW / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sacc[mr][j][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t ak[KR][4];
-#pragma unroll
-                for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(ak[mr], aK + o_kv + td::offset(mr * 16, 2 * kk));
-#pragma unroll
-                for (int jp = 0; jp < QW / 16; jp++) {
-                    uint32_t bq[4];
-                    fa_ldmatrix_x4(bq, aQb + o_qb + td::offset(jp * 16, 2 * kk));
-#pragma unroll
-                    for (int mr = 0; mr < KR; mr++) {
-                        dt::mma(sacc[mr][2 * jp], ak[mr], bq[0], bq[1]);
-                        dt::mma(sacc[mr][2 * jp + 1], ak[mr], bq[2], bq[3]);
-                    }
-                }
-            }
+            bwd_rows_x_rows<T, td, D, KR, QW>(sacc, aK + o_kv, aQb + o_qb);
 
             /* P^T = exp2(S^T scale log2e - LSE2), masked on boundary blocks, kept in 16 bits: the dV product
              * takes it in 16 bits, and dS = P (dP - D) rounded to 16 bits loses nothing to it that matters.
@@ -468,28 +478,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
 
             /* dP^T = V dO^T */
             float pacc[KR][QW / 8][4];
-#pragma unroll
-            for (int mr = 0; mr < KR; mr++)
-#pragma unroll
-                for (int j = 0; j < QW / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) pacc[mr][j][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                uint32_t av[KR][4];
-#pragma unroll
-                for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(av[mr], aV + o_kv + td::offset(mr * 16, 2 * kk));
-#pragma unroll
-                for (int jp = 0; jp < QW / 16; jp++) {
-                    uint32_t bo[4];
-                    fa_ldmatrix_x4(bo, adOb + o_qb + td::offset(jp * 16, 2 * kk));
-#pragma unroll
-                    for (int mr = 0; mr < KR; mr++) {
-                        dt::mma(pacc[mr][2 * jp], av[mr], bo[0], bo[1]);
-                        dt::mma(pacc[mr][2 * jp + 1], av[mr], bo[2], bo[3]);
-                    }
-                }
-            }
+            bwd_rows_x_rows<T, td, D, KR, QW>(pacc, aV + o_kv, adOb + o_qb);
 
             /* dS^T = P^T (dP^T - D) [(1 - tanh^2)] (the softmax scale comes at the end), 16 bits, to shared
              * memory for the dQ product of the other warps */
