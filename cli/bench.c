@@ -334,10 +334,10 @@ static int bench_sweep(cli_options *o, int warmup, int repeats) {
                         }
                         made = 1;
                     }
-                    measure(&c, o->backends[bi], &pr, 1, warmup, repeats, r);
+                    measure(&c, o->backends[bi], &pr, !o->fwd_only, warmup, repeats, r);
                     for (int pass = 0; pass < 2; pass++) {
                         print_cell(r->tflops[pass], r->st[pass]);
-                        if (r->st[pass] == FA_OK) csv_write(csv, &c, r, pass);
+                        if (r->st[pass] == FA_OK && !isnan(r->ms[pass])) csv_write(csv, &c, r, pass);
                         if (r->st[pass] != FA_OK && r->st[pass] != FA_ERR_UNSUPPORTED &&
                             r->st[pass] != FA_ERR_OUT_OF_MEMORY && code == EXIT_OK)
                             code = cli_exit_code(r->st[pass]);

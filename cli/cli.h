@@ -33,6 +33,7 @@ typedef struct cli_options {
     int32_t window_left, window_right;
     float softcap, scale;
     int alibi, varlen, bwd, deterministic;
+    int fwd_only; /* bench --sweep: skip the backward */
     int seed_given;
     uint64_t seed;
     int32_t threads;

@@ -55,6 +55,7 @@ static const char usage[] =
     "  --sweep paper           bench: the paper's sweep (--head-dim, --seqlen-q, --causal/--no-causal narrow it)\n"
     "  --plot FILE.svg         bench --sweep: bar charts in the paper's Fig. 4-6 style (one file per panel)\n"
     "  --peers FILE.json       bench --sweep --plot: add the bars of bench/peer_bench.py --json\n"
+    "  --fwd-only              bench --sweep: time the forward only\n"
     "\n"
     "exit codes: 0 ok, 1 numerical failure, 2 bad usage or invalid shape, 3 unsupported on the backend,\n"
     "            4 runtime error (out of memory, CUDA error, I/O)\n";
@@ -324,6 +325,7 @@ static const option_spec option_specs[] = {
     OPT("--varlen", 'f', varlen, 1, 0),
     OPT("--bwd", 'f', bwd, 1, 0),
     OPT("--deterministic", 'f', deterministic, 1, 0),
+    OPT("--fwd-only", 'f', fwd_only, 1, 0),
     OPT("--batch", 'i', batch, 1, INT32_MAX),
     OPT("--seqlen-q", 'i', seqlen_q, 1, INT32_MAX),
     OPT("--seqlen-k", 'i', seqlen_k, 1, INT32_MAX),
