@@ -36,14 +36,14 @@ build_variants() {
             d=$VDIR/$name
             mkdir -p "$d"
             printf '%b\n' "$header" >"$d/variant.h"
-            objs=""
+            objs="|-none-"
             for f in $files; do
                 $NVCC $NVCC_FLAGS -gencode=arch=compute_90a,code=sm_90a -include "$d/variant.h" -Xptxas -v \
                     -c src/cuda/$f.cu -o "$d/$f.o" >>"$d/nvcc.log" 2>&1 || { echo "variant $name: $f failed"; tail -5 "$d/nvcc.log"; exit 1; }
                 objs="$objs|$f.o"
             done
             keep=$(ls build/src/*.o build/src/*/*.o | grep -vE "/(${objs#|})\$")
-            ar rcs "$d/lib.a" $keep "$d"/*.o &&
+            ar rcs "$d/lib.a" $keep $(ls "$d"/*.o 2>/dev/null) &&
                 $CC -o "$d/flashattn" build/cli/*.o "$d/lib.a" -lm -fopenmp -L/usr/local/cuda/lib64 \
                     -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++ >>"$d/nvcc.log" 2>&1 ||
                 { echo "variant $name failed to link"; tail -5 "$d/nvcc.log"; }
@@ -61,7 +61,7 @@ fi
 has variants && build_variants # on the CPU while the tests run
 
 if has test; then
-    for k in default fa2; do
+    for k in ${TEST_KERNELS:-default fa2}; do
         note "test_backends -b cuda (kernel $k)"
         if [ $k = default ]; then run=(env -u FLASHATTN_KERNEL); else run=(env FLASHATTN_KERNEL=$k); fi
         "${run[@]}" timeout 300 build/tests/test_backends -b cuda >"$OUT/tests-$k.log" 2>&1
@@ -89,15 +89,19 @@ if has test; then
     } 2>&1 | tee "$OUT/checks.log"
 fi
 
-sweep() { # binary csv [args]
-    local bin=$1 csv=$2
+# sweep BINARY CSV [NAME=VALUE ...] [ARGS ...]: the paper sweep on the GPU; leading NAME=VALUE words go to the
+# environment (e.g. FLASHATTN_FA3_BLOCK_N=96), the rest to flashattn bench (default kernel: fa2).
+sweep() {
+    local bin=$1 csv=$2 envs=()
     shift 2
-    timeout 300 "$bin" bench --sweep paper --backend cuda --kernel fa2 --csv "$csv" "$@" 2>/dev/null
+    while [ $# -gt 0 ] && [[ $1 == *=* ]]; do envs+=("$1"); shift; done
+    timeout 300 env "${envs[@]}" "$bin" bench --sweep paper --backend cuda --kernel fa2 --csv "$csv" "$@" 2>/dev/null
 }
 
 if has main; then
     note "sweep: FA2 kernels (main build)"
-    sweep build/flashattn "$OUT/main.csv" > "$OUT/main.log"
+    # shellcheck disable=SC2086
+    sweep build/flashattn "$OUT/main.csv" ${MAIN_ARGS:-} > "$OUT/main.log"
     tail -n +2 "$OUT/main.log" | head -40
 fi
 
@@ -112,14 +116,14 @@ if has variants; then
         for d in $dims; do
             note "sweep: $name d=$d"
             # shellcheck disable=SC2086
-            sweep "$VDIR/$name/flashattn" "$OUT/v-$name-$d.csv" --head-dim "$d" $args > "$OUT/v-$name-$d.log"
+            sweep "$VDIR/$name/flashattn" "$OUT/v-$name-$d.csv" $args --head-dim "$d" > "$OUT/v-$name-$d.log"
         done
     done <<<"$VARIANTS"
 fi
 
 if has peers; then
     note "peers: PyTorch SDPA flash"
-    PYTHONUNBUFFERED=1 timeout 300 python3 bench/peer_bench.py --impls flash --seqlens 2048,4096,8192,16384 --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1 ||
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/peer_bench.py --impls ${PEER_IMPLS:-flash} --seqlens ${PEER_SEQLENS:-2048,4096,8192,16384} ${PEER_ARGS:-} --json "$OUT/peers.json" > "$OUT/peers.log" 2>&1 ||
         tail -5 "$OUT/peers.log"
 fi
 
@@ -183,12 +187,14 @@ def load(path):
         rows[(r["pass"], int(r["head_dim"]), int(r["causal"]), int(r["seqlen_q"]))] = float(r["tflops"])
     return rows
 main = load(os.path.join(out, "main.csv"))
-peers = {}
+peers, cudnn = {}, {}
 p = os.path.join(out, "peers.json")
 if os.path.exists(p):
     for r in json.load(open(p)):
         if r.get("impl") in ("flash", "torch-flash") and r.get("tflops"):
             peers[(r["pass"], r["head_dim"], int(r["causal"]), r["seqlen"])] = r["tflops"]
+        if r.get("impl") in ("cudnn", "torch-cudnn") and r.get("tflops"):
+            cudnn[(r["pass"], r["head_dim"], int(r["causal"]), r["seqlen"])] = r["tflops"]
 vars_ = {}
 for f in sorted(glob.glob(os.path.join(out, "v-*.csv"))):
     name = os.path.basename(f)[2:].rsplit("-", 1)[0]
@@ -197,9 +203,11 @@ keys = sorted(set(main) | set(peers), key=lambda k: (k[0] != "fwd", k[1], k[2], 
 names = list(vars_)
 print("pass d causal seqlen | main flash main/flash | " + " ".join(f"{n}/main" for n in names))
 for k in keys:
-    if k[3] < 2048: continue
     m, f = main.get(k), peers.get(k)
+    if not m: continue
     ratio = f"{m / f:.2f}" if m and f else "-"
+    c = cudnn.get(k)
+    if c: ratio += f" cudnn {c} {m / c:.2f}"
     cells = [f"{vars_[n][k] / m:.3f}" if m and k in vars_[n] else "-" for n in names]
     print(f"{k[0]} {k[1]} {k[2]} {k[3]} | {m or '-'} {f or '-'} {ratio} | " + " ".join(cells))
 PY
