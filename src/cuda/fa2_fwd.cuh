@@ -99,10 +99,8 @@ static constexpr fa2_fwd_tile fa2_fwd_tiles[] = {
     {96, FA2_FWD_TILE_96},   /* 78 KB [128 x 64]: every part; O is 96 registers, which leaves room for a 32-key
                                 softmax step only */
     {128, FA2_FWD_TILE_128}, /* 68 KB [128 x 64]: every part; O 128 + S 64 registers, the paper's A100/H100 tile;
-                                single-stage (2-5% faster than double-buffered K/V on the H200: the two blocks
+                                single-stage (2-6% faster than double-buffered K/V on the H200: the two blocks
                                 of an SM hide each other's loads, and it spills less) */
-    {128, 64, 64, 64, 4, 1}, /* 51 KB [64 x 64]: below 68 KB (a limit set by FLASHATTN_SMEM_LIMIT); one m16 tile
-                                per warp, Q in registers (spill-free) */
     {192, FA2_FWD_TILE_192}, /* 75 KB [64 x 64]: every part; single-stage so that two blocks share an H200 SM;
                                 one m16 tile per warp (O 96 registers) */
     {256, FA2_FWD_TILE_256}, /* 99 KB [64 x 64]: every part, exactly the 99 KB parts' limit; single-stage: two
