@@ -165,8 +165,8 @@ PY
 import re, sys
 blocks, cur = {}, None
 for line in open(sys.argv[1]):
-    if line.startswith("=="): cur = line[3:].strip(); blocks[cur] = {}; continue
-    m = re.match(r"\s+(\S+)\s+(\S+)\s+([\d.,]+)\s*$", line)
+    if line.startswith("== "): cur = line[3:].strip(); blocks[cur] = {}; continue
+    m = re.match(r"\s+(\S+)\s+(\S+\s+)?([\d.,]+)\s*$", line)
     if m and cur: blocks[cur][m.group(1)] = m.group(3).replace(",", "")
 names = list(blocks)
 metrics = sorted({k for b in blocks.values() for k in b})
