@@ -6,6 +6,9 @@
 #
 #   dev/fa2_variants.sh [build] [test] [main] [variants] [peers] [ncu]   (default: all but ncu)
 #
+# ncu: our FA2 kernel next to PyTorch's at d = 64 and 128 (NCU_DIMS), seqlen 4096, pass NCU_PASS = bwd | fwd:
+# throughput, shared memory, L2, and the stall reasons, as a table.
+#
 # VARIANTS: one per line, "name|files|head dims|sweep args|header text": the listed src/cuda/<file>.cu are
 # recompiled with the header text pre-included (a -D value with commas would be split by nvcc's option parser),
 # the library relinked, and the sweep run for the listed head dims with the extra arguments (e.g. --fwd-only).
@@ -128,7 +131,10 @@ if has peers; then
 fi
 
 if has ncu; then
-    note "ncu: FA2 backward, ours vs PyTorch flash (bf16, seqlen 4096, not causal)"
+    NCU_PASS=${NCU_PASS:-bwd} # fwd | bwd
+    if [ "$NCU_PASS" = fwd ]; then ours_k=fa2_fwd_kernel peer_k=flash_fwd_kernel bwd_flag=""; else
+        ours_k=fa2_bwd_main peer_k=flash_bwd_dq_dk_dv bwd_flag=--bwd; fi
+    note "ncu: FA2 $NCU_PASS, ours vs PyTorch flash (bf16, seqlen 4096, not causal)"
     M=gpu__time_duration.sum,sm__cycles_elapsed.avg,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
     M=$M,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
     M=$M,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
@@ -139,7 +145,7 @@ if has ncu; then
     for st in barrier long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait not_selected selected dispatch_stall lg_throttle no_instruction membar branch_resolving; do
         M=$M,smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio
     done
-    cat >/tmp/torch_bwd.py <<'PY'
+    cat >/tmp/torch_flash.py <<'PY'
 import sys, torch, torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 d = int(sys.argv[1]); s = 4096; h = 2048 // d; b = 16384 // s
@@ -147,18 +153,19 @@ q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires
 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     for _ in range(2):
         o = F.scaled_dot_product_attention(q, k, v)
-        o.backward(torch.randn_like(o))
+        if sys.argv[2] == "bwd":
+            o.backward(torch.randn_like(o))
 torch.cuda.synchronize()
 PY
     {
         for d in ${NCU_DIMS:-64 128}; do
             echo "== ours d=$d"
-            timeout 120 ncu --clock-control none -k regex:fa2_bwd_main --launch-skip 1 --launch-count 1 --metrics $M \
-                build/flashattn bench --backend cuda --kernel fa2 --bwd --batch 4 --heads $((2048 / d)) --seqlen 4096 \
+            timeout 120 ncu --clock-control none -k regex:$ours_k --launch-skip 1 --launch-count 1 --metrics $M \
+                build/flashattn bench --backend cuda --kernel fa2 $bwd_flag --batch 4 --heads $((2048 / d)) --seqlen 4096 \
                 --head-dim $d --no-causal --repeats 1 --warmup 1 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)"
             echo "== torch flash d=$d"
-            timeout 120 ncu --clock-control none -k regex:flash_bwd_dq_dk_dv --launch-skip 1 --launch-count 1 --metrics $M \
-                python3 /tmp/torch_bwd.py $d 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)|flash_bwd" | cut -c1-160
+            timeout 120 ncu --clock-control none -k regex:$peer_k --launch-skip 1 --launch-count 1 --metrics $M \
+                python3 /tmp/torch_flash.py $d $NCU_PASS 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)|flash_" | cut -c1-160
         done
     } >"$OUT/ncu.log" 2>&1
     python3 - "$OUT/ncu.log" <<'PY'
