@@ -184,6 +184,7 @@ PY
 fi
 
 note "summary"
+grep -H -E "^summary" "$OUT"/tests-*.log 2>/dev/null | sed "s|$OUT/||"
 python3 - "$OUT" <<'PY'
 import csv, glob, json, os, sys
 out = sys.argv[1]

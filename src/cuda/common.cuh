@@ -96,6 +96,17 @@ static __device__ __forceinline__ void fa_ldmatrix_x2_trans(uint32_t (&r)[2], ui
                  : "r"(addr));
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* sm_90: the inverse of fa_ldmatrix_x4: lane l gives the address of row l % 8 of matrix l / 8, and register i
+ * of each lane holds matrix i as (row lane / 4, columns 2 (lane % 4), +1), i.e. a 16-bit C-fragment pair. */
+static __device__ __forceinline__ void fa_stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                      uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+#endif
+
 /* ---- cp.async (global -> shared without registers), groups ---- */
 
 /* 16-byte copy; valid = false reads nothing and fills the 16 destination bytes with zeros (src must still be a

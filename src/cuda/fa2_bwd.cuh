@@ -20,6 +20,8 @@
  *      cheaper in shared-memory traffic where they would: each B fragment then feeds KR products) splits the
  *      queries of S^T between the warps of a key stripe and exchanges P^T, dS^T through shared memory.
  *   3. convert: dQ = softmax_scale * dQaccum (summing the deterministic slices in order), in the 16-bit type.
+ * dQaccum keeps each group of 16 columns permuted (fa2_bwd_dq_pos) so that the four values a thread holds of a
+ * group in the mma fragment are adjacent: one 16-byte reduction instead of two 8-byte (or four 4-byte) ones.
  * Deterministic mode: gridDim.x = nsplit CTAs per (kv head, batch) walk the key blocks nb = blockIdx.x,
  * blockIdx.x + nsplit, ... and add dQ into their own fp32 slice. Within a slice each element is only ever added
  * to by one thread, in program order, so the sums are bit-identical run to run; the convert kernel adds the
@@ -42,7 +44,7 @@ typedef struct fa2_bwd_args {
     int64_t alibi_batch_stride;
     float *lse2;     /* LSE * log2(e), +inf for rows that see no key; indexed like lse */
     float *dsum;     /* rowsum(dO * O); indexed like lse */
-    float *dq_accum; /* nsplit slices of (tokens_q, Hq, D) fp32 */
+    float *dq_accum; /* nsplit slices of (tokens_q, Hq, D) fp32, columns permuted (fa2_bwd_dq_pos) */
     int64_t dq_split_stride;
     int64_t total_q; /* rows of the varlen lse layout */
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
@@ -141,6 +143,15 @@ static __device__ __forceinline__ int64_t bwd_lse_index(const fa2_bwd_args &a, i
     return a.cu_seqlens_q ? (int64_t)h * a.total_q + tok_q + r : ((int64_t)b * a.heads_q + h) * a.seqlen_q + r;
 }
 
+/* Where column c of a dQ row lives in dQaccum: in its group of 16, the mma fragment gives thread t (= lane % 4)
+ * columns 2t, 2t+1 of the group's first n8 tile (u = 0) and of its second (u = 1); they sit at 4t + 2u, +1. */
+static __host__ __device__ constexpr int fa2_bwd_dq_pos(int c) {
+    return (c & ~15) + 4 * ((c % 8) / 2) + 2 * ((c % 16) / 8) + c % 2;
+}
+static_assert(fa2_bwd_dq_pos(1) == 1 && fa2_bwd_dq_pos(2) == 4 && fa2_bwd_dq_pos(8) == 2 && fa2_bwd_dq_pos(9) == 3 &&
+                  fa2_bwd_dq_pos(14) == 14 && fa2_bwd_dq_pos(23) == 29,
+              "dQaccum column order: a thread's (2t, 2t+1, 8+2t, 9+2t) of a group at 4t .. 4t+3");
+
 /* Lanes per row in the row-wise kernels: the power of two >= D / 8 (16 bytes each; the extra lanes idle). */
 template <int D>
 struct bwd_row_lanes {
@@ -196,18 +207,16 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
     const int nsplit = a.deterministic ? a.nsplit : 1;
     if (sub >= D / 8) return;
     for (int r = blockIdx.x * 64 + threadIdx.x / LANES; r < min(s.len_q, (int)(blockIdx.x + 1) * 64); r += ROWS) {
-        const float *src = a.dq_accum + ((s.tok_q + r) * a.heads_q + h) * (int64_t)D + sub * 8;
-        float acc[8];
-        {
-            const float4 x = reinterpret_cast<const float4 *>(src)[0], y = reinterpret_cast<const float4 *>(src)[1];
-            acc[0] = x.x, acc[1] = x.y, acc[2] = x.z, acc[3] = x.w, acc[4] = y.x, acc[5] = y.y, acc[6] = y.z,
-            acc[7] = y.w;
-        }
-        for (int sp = 1; sp < nsplit; sp++) {
+        /* columns sub*8 .. sub*8+7: four pairs, at fa2_bwd_dq_pos(sub*8 + 2t) */
+        const float *src = a.dq_accum + ((s.tok_q + r) * a.heads_q + h) * (int64_t)D;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int sp = 0; sp < nsplit; sp++) {
             const float *p = src + sp * a.dq_split_stride;
-            const float4 x = reinterpret_cast<const float4 *>(p)[0], y = reinterpret_cast<const float4 *>(p)[1];
-            acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
-            acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float2 x = *reinterpret_cast<const float2 *>(p + fa2_bwd_dq_pos(sub * 8 + 2 * t));
+                acc[2 * t] += x.x, acc[2 * t + 1] += x.y;
+            }
         }
         uint4 out;
         out.x = fa_elem<T>::pack(acc[0] * a.scale, acc[1] * a.scale);
@@ -297,6 +306,27 @@ static __device__ __forceinline__ void bwd_rows_x_rows(float (&acc)[KR][QW / 8][
     }
 }
 
+/* One 16 x 16 block (key tile mr, query columns 16 jp..) of a warp's 16-bit P^T or dS^T fragments (the
+ * C-fragment layout: f0 / f1 rows g / g+8 of the first 8 columns, f2 / f3 of the next 8) into the TM tile: with
+ * stmatrix on sm_90 where STM (lane_base = the tile + this lane's stmatrix row address for block (0, 0)), else
+ * 32-bit stores (thread_base = the tile + this thread's slot in block (0, 0)). stmatrix is 1 instruction for 4
+ * (+1-2% at d = 64, 128 on the H200); where a warp holds only 16 query columns (d = 256) its extra address
+ * register spills and it measured 2% slower. */
+template <typename TM, bool STM>
+static __device__ __forceinline__ void bwd_store_block(uint32_t lane_base, uint32_t thread_base, int mr, int jp,
+                                                       uint32_t f0, uint32_t f1, uint32_t f2, uint32_t f3) {
+#if __CUDA_ARCH__ >= 900
+    if constexpr (STM) {
+        fa_stmatrix_x4(lane_base + TM::offset(mr * 16, 2 * jp), f0, f1, f2, f3);
+        return;
+    }
+#endif
+    bwd_st_shared_u32(thread_base + TM::offset(mr * 16, 2 * jp), f0);
+    bwd_st_shared_u32(thread_base + TM::offset(mr * 16 + 8, 2 * jp), f1);
+    bwd_st_shared_u32(thread_base + TM::offset(mr * 16, 2 * jp + 1), f2);
+    bwd_st_shared_u32(thread_base + TM::offset(mr * 16 + 8, 2 * jp + 1), f3);
+}
+
 template <typename T, int D, int BM, int KR, int WK, int WD, int WQM, int DQ_CHUNK, int QB>
 __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_bwd_args a) {
     constexpr int KW = 16 * KR; /* keys per warp stripe */
@@ -357,6 +387,10 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
     const uint32_t o_da = tm::offset(r_b, wm * MW / 8 + c_b);  /* A of dQ: dS^T transposed, queries wm*MW.. */
     const uint32_t o_kt = td::offset(r_a, 2 * wn + c_l);       /* B of dQ: K transposed, groups WQN*j + wn */
     const uint32_t o_st = tm::offset(kw * KW + g, 0) + 4 * tq; /* this thread's P^T, dS^T slot (row g, col 2 tq) */
+    const uint32_t o_stq = o_st + tm::offset(0, wh * (QW / 8)); /* ... in the warp's first query column block */
+    /* this lane's stmatrix row of the warp's P^T, dS^T block: matrix lane / 8 = (rows +8, columns +8) */
+    const uint32_t o_sm = tm::offset(kw * KW + (lane & 7) + ((lane >> 3) & 1) * 8, wh * (QW / 8) + (lane >> 4));
+    constexpr bool kStMatrix = QW >= 32; /* bwd_store_block */
 
     for (int nb = blockIdx.x; nb * BN < s.len_k; nb += gridDim.x) {
         const int n0 = nb * BN;
@@ -465,16 +499,14 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
                     }
                 }
             }
-            if (WD > 1) {
+            if (WD > 1)
 #pragma unroll
                 for (int mr = 0; mr < KR; mr++)
 #pragma unroll
-                    for (int j = 0; j < QW / 8; j++) {
-                        const uint32_t o = o_st + tm::offset(mr * 16, wh * (QW / 8) + j);
-                        bwd_st_shared_u32(st_P + o, p16[mr][j][0]);
-                        bwd_st_shared_u32(st_P + o + tm::offset(8, 0), p16[mr][j][1]);
-                    }
-            }
+                    for (int jp = 0; jp < QW / 16; jp++)
+                        bwd_store_block<tm, kStMatrix>(st_P + o_sm, st_P + o_stq, mr, jp, p16[mr][2 * jp][0],
+                                                       p16[mr][2 * jp][1], p16[mr][2 * jp + 1][0],
+                                                       p16[mr][2 * jp + 1][1]);
 
             /* dP^T = V dO^T */
             float pacc[KR][QW / 8][4];
@@ -484,23 +516,33 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
              * memory for the dQ product of the other warps */
             uint32_t ds16[KR][QW / 8][2];
 #pragma unroll
-            for (int j = 0; j < QW / 8; j++) {
-                const float2 dd = *reinterpret_cast<const float2 *>(dsum + wh * QW + j * 8 + 2 * tq);
+            for (int jp = 0; jp < QW / 16; jp++) {
+                float2 dd2[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++)
+                    dd2[u] = *reinterpret_cast<const float2 *>(dsum + wh * QW + (2 * jp + u) * 8 + 2 * tq);
 #pragma unroll
                 for (int mr = 0; mr < KR; mr++) {
-                    const float2 p01 = dt::unpack(p16[mr][j][0]), p23 = dt::unpack(p16[mr][j][1]);
-                    float ds[4] = { p01.x * (pacc[mr][j][0] - dd.x), p01.y * (pacc[mr][j][1] - dd.y),
-                                    p23.x * (pacc[mr][j][2] - dd.x), p23.y * (pacc[mr][j][3] - dd.y) };
-                    const uint32_t o = o_st + tm::offset(mr * 16, wh * (QW / 8) + j);
-                    if (has_softcap) {
-                        const float2 f01 = fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o));
-                        const float2 f23 = fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o + tm::offset(8, 0)));
-                        ds[0] *= f01.x, ds[1] *= f01.y, ds[2] *= f23.x, ds[3] *= f23.y;
+#pragma unroll
+                    for (int j = 2 * jp; j < 2 * jp + 2; j++) {
+                        const float2 dd = dd2[j - 2 * jp];
+                        const float2 p01 = dt::unpack(p16[mr][j][0]), p23 = dt::unpack(p16[mr][j][1]);
+                        float ds[4] = { p01.x * (pacc[mr][j][0] - dd.x), p01.y * (pacc[mr][j][1] - dd.y),
+                                        p23.x * (pacc[mr][j][2] - dd.x), p23.y * (pacc[mr][j][3] - dd.y) };
+                        if (has_softcap) {
+                            const uint32_t o = o_st + tm::offset(mr * 16, wh * (QW / 8) + j);
+                            const float2 f01 = fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o));
+                            const float2 f23 =
+                                fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o + tm::offset(8, 0)));
+                            ds[0] *= f01.x, ds[1] *= f01.y, ds[2] *= f23.x, ds[3] *= f23.y;
+                        }
+                        ds16[mr][j][0] = dt::pack(ds[0], ds[1]);
+                        ds16[mr][j][1] = dt::pack(ds[2], ds[3]);
                     }
-                    ds16[mr][j][0] = dt::pack(ds[0], ds[1]);
-                    ds16[mr][j][1] = dt::pack(ds[2], ds[3]);
-                    bwd_st_shared_u32(st_dS + o, ds16[mr][j][0]);
-                    bwd_st_shared_u32(st_dS + o + tm::offset(8, 0), ds16[mr][j][1]);
+                    /* (after the softcap factors of these slots have been read) */
+                    bwd_store_block<tm, kStMatrix>(st_dS + o_sm, st_dS + o_stq, mr, jp, ds16[mr][2 * jp][0],
+                                                   ds16[mr][2 * jp][1], ds16[mr][2 * jp + 1][0],
+                                                   ds16[mr][2 * jp + 1][1]);
                 }
             }
             if (WD > 1) __syncthreads(); /* P^T, dS^T of the other query parts are in shared memory */
@@ -578,24 +620,29 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
                         }
                     }
                 }
-                /* fp32 reductions (fire and forget); the same thread adds to a given element in every step, so
-                 * with a private slice per CTA (deterministic mode) the order of the additions is fixed */
+                /* fp32 reductions (fire and forget) of the thread's four values of each 16-column group, adjacent
+                 * in dQaccum's column order (fa2_bwd_dq_pos); the same thread adds to a given element in every
+                 * step, so with a private slice per CTA (deterministic mode) the order of the additions is fixed */
 #pragma unroll
                 for (int mt = 0; mt < MW / 16; mt++)
 #pragma unroll
                     for (int hi = 0; hi < 2; hi++) {
                         const int r = m0 + wm * MW + mt * 16 + g + hi * 8;
                         if (r >= s.len_q) continue;
-                        float *dst = dq_accum + ((s.tok_q + r) * a.heads_q + hq) * (int64_t)D + 16 * wn + 2 * tq;
+                        float *dst =
+                            dq_accum + ((s.tok_q + r) * a.heads_q + hq) * (int64_t)D + 16 * wn + fa2_bwd_dq_pos(2 * tq);
 #pragma unroll
-                        for (int nt = 0; nt < 2 * NG; nt++) {
-                            const int col = 16 * WQN * (ch * NG + nt / 2) + 8 * (nt % 2);
-                            float2 *p = reinterpret_cast<float2 *>(dst + col);
+                        for (int j = 0; j < NG; j++) {
+                            float *p = dst + 16 * WQN * (ch * NG + j);
+                            const float4 v = make_float4(qacc[mt][2 * j][2 * hi], qacc[mt][2 * j][2 * hi + 1],
+                                                         qacc[mt][2 * j + 1][2 * hi], qacc[mt][2 * j + 1][2 * hi + 1]);
 #if __CUDA_ARCH__ >= 900
-                            atomicAdd(p, make_float2(qacc[mt][nt][2 * hi], qacc[mt][nt][2 * hi + 1]));
+                            atomicAdd(reinterpret_cast<float4 *>(p), v);
 #else
-                            atomicAdd(&p->x, qacc[mt][nt][2 * hi]);
-                            atomicAdd(&p->y, qacc[mt][nt][2 * hi + 1]);
+                            atomicAdd(p, v.x);
+                            atomicAdd(p + 1, v.y);
+                            atomicAdd(p + 2, v.z);
+                            atomicAdd(p + 3, v.w);
 #endif
                         }
                     }
