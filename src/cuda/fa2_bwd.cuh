@@ -545,38 +545,44 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
                                                    ds16[mr][2 * jp + 1][1]);
                 }
             }
-            if (WD > 1) __syncthreads(); /* P^T, dS^T of the other query parts are in shared memory */
-
-                /* dV += P^T dO, dK += dS^T Q: rows kw*KW.., column groups WD * np + wh, k = the BM queries */
+            /* dV += P^T dO, dK += dS^T Q: rows kw*KW.., column groups WD * np + wh, k = the BM queries, taken as
+             * the WD query parts (wh + q) % WD, q = 0.. : part wh's A fragments are this warp's own P^T and dS^T
+             * registers (no shared memory); the other parts come after the barrier. */
 #pragma unroll
-            for (int kk = 0; kk < BM / 16; kk++) {
-                uint32_t ap[KR][4], ad[KR][4];
+            for (int q = 0; q < WD; q++) {
+                if (q == 1) __syncthreads(); /* P^T, dS^T of the other query parts are in shared memory */
+                const int part = (wh + q) % WD;
+                const uint32_t a_part = tm::offset(0, 2 * part * (QW / 16)), b_part = td::offset(part * QW, 0);
 #pragma unroll
-                for (int mr = 0; mr < KR; mr++) {
-                    if (WD == 1) {
-                        ap[mr][0] = p16[mr][2 * kk][0], ap[mr][1] = p16[mr][2 * kk][1];
-                        ap[mr][2] = p16[mr][2 * kk + 1][0], ap[mr][3] = p16[mr][2 * kk + 1][1];
-                        ad[mr][0] = ds16[mr][2 * kk][0], ad[mr][1] = ds16[mr][2 * kk][1];
-                        ad[mr][2] = ds16[mr][2 * kk + 1][0], ad[mr][3] = ds16[mr][2 * kk + 1][1];
-                    } else {
-                        fa_ldmatrix_x4(ap[mr], aP + o_pa + tm::offset(mr * 16, 2 * kk));
-                        fa_ldmatrix_x4(ad[mr], adS + o_pa + tm::offset(mr * 16, 2 * kk));
-                    }
-                }
-#pragma unroll
-                for (int np = 0; np < DW / 16; np++) {
-                    uint32_t bo[4], bq[4];
-                    fa_ldmatrix_x4_trans(bo, adOb + o_qt + td::offset(kk * 16, 2 * WD * np));
+                for (int ks = 0; ks < QW / 16; ks++) {
+                    uint32_t ap[KR][4], ad[KR][4];
 #pragma unroll
                     for (int mr = 0; mr < KR; mr++) {
-                        dt::mma(dv[mr][2 * np], ap[mr], bo[0], bo[1]);
-                        dt::mma(dv[mr][2 * np + 1], ap[mr], bo[2], bo[3]);
+                        if (q == 0) {
+                            ap[mr][0] = p16[mr][2 * ks][0], ap[mr][1] = p16[mr][2 * ks][1];
+                            ap[mr][2] = p16[mr][2 * ks + 1][0], ap[mr][3] = p16[mr][2 * ks + 1][1];
+                            ad[mr][0] = ds16[mr][2 * ks][0], ad[mr][1] = ds16[mr][2 * ks][1];
+                            ad[mr][2] = ds16[mr][2 * ks + 1][0], ad[mr][3] = ds16[mr][2 * ks + 1][1];
+                        } else {
+                            fa_ldmatrix_x4(ap[mr], aP + o_pa + a_part + tm::offset(mr * 16, 2 * ks));
+                            fa_ldmatrix_x4(ad[mr], adS + o_pa + a_part + tm::offset(mr * 16, 2 * ks));
+                        }
                     }
-                    fa_ldmatrix_x4_trans(bq, aQb + o_qt + td::offset(kk * 16, 2 * WD * np));
 #pragma unroll
-                    for (int mr = 0; mr < KR; mr++) {
-                        dt::mma(dk[mr][2 * np], ad[mr], bq[0], bq[1]);
-                        dt::mma(dk[mr][2 * np + 1], ad[mr], bq[2], bq[3]);
+                    for (int np = 0; np < DW / 16; np++) {
+                        uint32_t bo[4], bq[4];
+                        fa_ldmatrix_x4_trans(bo, adOb + o_qt + b_part + td::offset(ks * 16, 2 * WD * np));
+#pragma unroll
+                        for (int mr = 0; mr < KR; mr++) {
+                            dt::mma(dv[mr][2 * np], ap[mr], bo[0], bo[1]);
+                            dt::mma(dv[mr][2 * np + 1], ap[mr], bo[2], bo[3]);
+                        }
+                        fa_ldmatrix_x4_trans(bq, aQb + o_qt + b_part + td::offset(ks * 16, 2 * WD * np));
+#pragma unroll
+                        for (int mr = 0; mr < KR; mr++) {
+                            dt::mma(dk[mr][2 * np], ad[mr], bq[0], bq[1]);
+                            dt::mma(dk[mr][2 * np + 1], ad[mr], bq[2], bq[3]);
+                        }
                     }
                 }
             }
