@@ -12,7 +12,7 @@
  *        S^T = K Q^T                                    (per warp: its KR x 16 keys x its queries)
  *        P^T = exp2(S^T scale log2e - LSE2)             (kept in 16 bits)
  *        dP^T = V dO^T, dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap]
- *        dV += P^T dO, dK += dS^T Q                     (A operand straight from registers when WD = 1)
+ *        dV += P^T dO, dK += dS^T Q                     (A operand from registers for the warp's own queries)
  *        dQ += dS K                                      (dS^T through shared memory; fp32 reductions)
  *      Warps are laid out WK along keys (KR m16 tiles each) x WD along the head dim of dK/dV. With WD = 1 every
  *      warp holds its keys' P^T and dS^T for the whole query block in registers, which are exactly the A

@@ -14,9 +14,9 @@
  *                        1/l is applied once at the end
  *   O += P V             P converted to 16 bits in registers is the A operand; V fragments by ldmatrix.trans
  * K/V arrive by cp.async: with 2 stages the next block's K and V are copied while this one is computed (one
- * barrier per block), and a block may be processed in softmax steps of step_n keys; with 1 stage (the large
- * head dims, to fit two blocks per SM) V is copied during QK^T and the next K during softmax and PV, as in the
- * paper's implementation.
+ * barrier per block), and a block may be processed in softmax steps of step_n keys; with 1 stage (head dims 128
+ * and up: two blocks per SM, which hide each other's loads) V is copied during QK^T and the next K during
+ * softmax and PV, as in the paper's implementation.
  * O goes back through the warp's own rows of the Q tile for 16-byte coalesced stores.
  */
 #ifndef FLASHATTN_CUDA_FA2_FWD_CUH
