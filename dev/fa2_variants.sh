@@ -26,7 +26,8 @@ note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 CC=${CC:-$(command -v cc || command -v gcc)}
 NVCC_FLAGS="-O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -Iinclude -Isrc -lineinfo -Xptxas --warn-on-spills -DFA_WITH_CUDA"
-VARIANTS=${VARIANTS:-"bwd_exp_apart|fa2_bwd_hdim64 fa2_bwd_hdim128 fa2_bwd_hdim256|64 128 256||#define FA2_BWD_EXP_APART"}
+# Example: VARIANTS='fwd128_s2|fa2_fwd_hdim128|128|--fwd-only|#define FA2_FWD_TILE_128 128, 64, 64, 4, 2'
+VARIANTS=${VARIANTS:-}
 VDIR=/tmp/fa2var
 
 build_variants() {
