@@ -112,7 +112,7 @@ size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
         fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
     const int tile = bwd_tile(p->head_dim, dev);
     const int nsplit = tile >= 0 ? bwd_nsplit(p, dev, tile) : 1;
-    const size_t dq = (size_t)nsplit * (size_t)bwd_tokens_q(p) * p->heads_q * p->head_dim * sizeof(float);
+    const size_t dq = (size_t)nsplit * (size_t)fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim * sizeof(float);
     return bwd_align(dq) + 2 * bwd_align((size_t)lse_n * sizeof(float));
 }
 
@@ -125,7 +125,7 @@ fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *works
         fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
     const int tile = bwd_tile(p->head_dim, dev);
     const int nsplit = bwd_nsplit(p, dev, tile);
-    const int64_t split_stride = bwd_tokens_q(p) * p->heads_q * p->head_dim;
+    const int64_t split_stride = fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim;
     const size_t dq_bytes = (size_t)nsplit * (size_t)split_stride * sizeof(float);
 
     fa2_bwd_args a;

@@ -44,7 +44,7 @@ typedef struct fa2_bwd_args {
     int64_t alibi_batch_stride;
     float *lse2;     /* LSE * log2(e), +inf for rows that see no key; indexed like lse */
     float *dsum;     /* rowsum(dO * O); indexed like lse */
-    float *dq_accum; /* nsplit slices of (tokens_q, Hq, D) fp32, columns permuted (fa2_bwd_dq_pos) */
+    float *dq_accum; /* nsplit slices of (tokens_q, Hq, D) fp32 in the order of fa2_bwd_dq_index */
     int64_t dq_split_stride;
     int64_t total_q; /* rows of the varlen lse layout */
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
@@ -63,25 +63,45 @@ typedef struct fa2_bwd_tile {
     int d, bm, kr, wk, wd, wqm, dq_chunk, qb;
 } fa2_bwd_tile;
 
+/* Tuning builds may override the first row of a head dim with -DFA2_BWD_TILE_<D>="D, BM, KR, WK, WD, WQM, DQC, QB". */
+#ifndef FA2_BWD_TILE_32
+#define FA2_BWD_TILE_32 32, 128, 1, 8, 1, 4, 16, 2
+#endif
+#ifndef FA2_BWD_TILE_64
+#define FA2_BWD_TILE_64 64, 128, 2, 4, 2, 4, 32, 2
+#endif
+#ifndef FA2_BWD_TILE_96
+#define FA2_BWD_TILE_96 96, 64, 1, 8, 1, 4, 16, 2
+#endif
+#ifndef FA2_BWD_TILE_128
+#define FA2_BWD_TILE_128 128, 64, 2, 4, 2, 2, 32, 2
+#endif
+#ifndef FA2_BWD_TILE_192
+#define FA2_BWD_TILE_192 192, 64, 1, 4, 2, 2, 48, 2
+#endif
+#ifndef FA2_BWD_TILE_256
+#define FA2_BWD_TILE_256 256, 64, 2, 2, 4, 2, 32, 2
+#endif
+
 /* The configurations of each head dim from the most shared memory to the least; the host takes the first that
  * fits the device's opt-in shared memory per block (fa2_bwd.cu). The first row of a head dim is the fastest
  * measured on the H200 (227 KB; docs/worklog.md, "FA2 backward (CUDA)"); the others serve the A100 (163 KB) and
  * the 99 KB parts (sm_86, sm_89). Comments: shared memory in KB of 1024 bytes, [BM x BN], the GPUs that take it. */
 static constexpr fa2_bwd_tile fa2_bwd_tiles[] = {
     /* D  BM KR WK WD WQM DQC QB */
-    { 32, 128, 1, 8, 1, 4, 16, 2 }, /* 96 KB [128 x 128]: every part */
-    { 64, 128, 2, 4, 2, 4, 32, 2 }, /* 178 KB [128 x 128]: H100, H200 */
+    { FA2_BWD_TILE_32 },            /* 96 KB [128 x 128]: every part */
+    { FA2_BWD_TILE_64 },            /* 178 KB [128 x 128]: H100, H200 */
     { 64, 64, 2, 4, 2, 4, 32, 2 },  /* 109 KB [64 x 128]: A100; the H200 warp layout, half the queries */
     { 64, 64, 1, 8, 1, 4, 32, 2 },  /* 91 KB [64 x 128]: 99 KB parts; WD = 1 needs no P^T buffer (d = 96 layout) */
-    { 96, 64, 1, 8, 1, 4, 16, 2 },  /* 123 KB [64 x 128]: H100, H200, A100 */
+    { FA2_BWD_TILE_96 },            /* 123 KB [64 x 128]: H100, H200, A100 */
     { 96, 64, 1, 8, 1, 4, 16, 1 },  /* 96.5 KB [64 x 128]: 99 KB parts; one Q / dO buffer */
-    { 128, 64, 2, 4, 2, 2, 32, 2 }, /* 173 KB [64 x 128]: H100, H200 */
+    { FA2_BWD_TILE_128 },           /* 173 KB [64 x 128]: H100, H200 */
     { 128, 64, 2, 4, 2, 2, 32, 1 }, /* 138.5 KB [64 x 128]: A100; one Q / dO buffer */
     { 128, 64, 1, 4, 2, 2, 32, 1 }, /* 86.5 KB [64 x 64]: 99 KB parts; half the keys, one Q / dO buffer */
-    { 192, 64, 1, 4, 2, 2, 48, 2 }, /* 169 KB [64 x 64]: H100, H200 */
+    { FA2_BWD_TILE_192 },           /* 169 KB [64 x 64]: H100, H200 */
     { 192, 64, 1, 4, 2, 2, 48, 1 }, /* 118.5 KB [64 x 64]: A100; one Q / dO buffer */
     { 192, 32, 1, 4, 2, 2, 48, 1 }, /* 85 KB [32 x 64]: 99 KB parts; half the queries, one Q / dO buffer */
-    { 256, 64, 2, 2, 4, 2, 32, 2 }, /* 217 KB [64 x 64]: H100, H200 */
+    { FA2_BWD_TILE_256 },           /* 217 KB [64 x 64]: H100, H200 */
     { 256, 64, 2, 2, 4, 2, 32, 1 }, /* 150.5 KB [64 x 64]: A100; one Q / dO buffer */
     { 256, 32, 1, 2, 2, 2, 32, 1 }, /* 71 KB [32 x 32]: 99 KB parts; 4 warps, one Q / dO buffer (64 x 32: 108.5 KB) */
 };
@@ -152,6 +172,17 @@ static_assert(fa2_bwd_dq_pos(1) == 1 && fa2_bwd_dq_pos(2) == 4 && fa2_bwd_dq_pos
                   fa2_bwd_dq_pos(14) == 14 && fa2_bwd_dq_pos(23) == 29,
               "dQaccum column order: a thread's (2t, 2t+1, 8+2t, 9+2t) of a group at 4t .. 4t+3");
 
+/* Element offset in dQaccum of column c of head h of token row tok. dQaccum is stored in blocks of 8 token rows
+ * x 16 columns of one head (512 bytes, columns permuted as above), so that one warp's 16-byte reductions of an
+ * mma tile's 8 rows x 16 columns cover four whole 128-byte lines instead of two sectors of eight lines each. */
+static __host__ __device__ __forceinline__ int64_t fa2_bwd_dq_index(int64_t tok, int h, int c, int heads_q, int d) {
+    return ((tok >> 3) * heads_q + h) * (int64_t)(8 * d) + (c >> 4) * 128 + (tok & 7) * 16 + fa2_bwd_dq_pos(c & 15);
+}
+/* Token rows dQaccum holds for `tokens` rows (whole blocks of 8). */
+static __host__ __device__ __forceinline__ int64_t fa2_bwd_dq_rows(int64_t tokens) {
+    return (tokens + 7) & ~(int64_t)7;
+}
+
 /* Lanes per row in the row-wise kernels: the power of two >= D / 8 (16 bytes each; the extra lanes idle). */
 template <int D>
 struct bwd_row_lanes {
@@ -207,14 +238,14 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
     const int nsplit = a.deterministic ? a.nsplit : 1;
     if (sub >= D / 8) return;
     for (int r = blockIdx.x * 64 + threadIdx.x / LANES; r < min(s.len_q, (int)(blockIdx.x + 1) * 64); r += ROWS) {
-        /* columns sub*8 .. sub*8+7: four pairs, at fa2_bwd_dq_pos(sub*8 + 2t) */
-        const float *src = a.dq_accum + ((s.tok_q + r) * a.heads_q + h) * (int64_t)D;
+        /* columns sub*8 .. sub*8+7 (group sub / 2): four pairs, at fa2_bwd_dq_pos(8 (sub % 2) + 2t) in the group */
+        const float *src = a.dq_accum + fa2_bwd_dq_index(s.tok_q + r, h, sub / 2 * 16, a.heads_q, D);
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int sp = 0; sp < nsplit; sp++) {
             const float *p = src + sp * a.dq_split_stride;
 #pragma unroll
             for (int t = 0; t < 4; t++) {
-                const float2 x = *reinterpret_cast<const float2 *>(p + fa2_bwd_dq_pos(sub * 8 + 2 * t));
+                const float2 x = *reinterpret_cast<const float2 *>(p + fa2_bwd_dq_pos(sub % 2 * 8 + 2 * t));
                 acc[2 * t] += x.x, acc[2 * t + 1] += x.y;
             }
         }
@@ -238,6 +269,12 @@ static __device__ __forceinline__ void bwd_load_tile(uint32_t dst, const fa_tens
         const T *src = (const T *)t.data + bwd_row(t, varlen, b, tok, row0 + r, h) + c * 8;
         const int64_t step = (int64_t)STEP * t.stride_seq;
         dst += fa_smem_tile<1, DC * 8>::offset(r, c);
+        if (row0 + ROWS <= row_end) { /* a whole tile (most steps): no per-row checks or address selects */
+#pragma unroll
+            for (int k = 0; k < ROWS / STEP; k++)
+                fa_cp_async_16(dst + fa_smem_tile<1, DC * 8>::offset(k * STEP, 0), src + k * step, true);
+            return;
+        }
 #pragma unroll
         for (int k = 0; k < ROWS / STEP; k++) {
             const bool ok = row0 + r + k * STEP < row_end;
@@ -417,14 +454,18 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
 #pragma unroll
                 for (int e = 0; e < 4; e++) dk[mr][j][e] = dv[mr][j][e] = 0.f;
 
+        /* step t: query head hq, query block mb (the blocks of a head in order, then the next head); hq and mb are
+         * derived from t (carried from step to step instead, they cost registers that spill at d = 128) */
         for (int t = 0; t < nsteps; t++) {
             const int buf = QB == 2 ? t & 1 : 0;
-            const int hq = hk * a.group + t / nmb, m0 = (mb_lo + t % nmb) * BM;
+            const int hq = hk * a.group + t / nmb, mb = mb_lo + t % nmb;
+            const int m0 = mb * BM;
+            const bool next_head = mb + 1 == mb_hi; /* step t + 1 starts the next head of the group */
             fa_cp_async_wait<0>();
             __syncthreads(); /* step t's tiles have landed; step t-1 is done with the other buffer and sdS */
             if (QB == 2) {
                 if (t + 1 < nsteps)
-                    bwd_load_step<T, D, BM, NT>(a, s, b, hk * a.group + (t + 1) / nmb, (mb_lo + (t + 1) % nmb) * BM,
+                    bwd_load_step<T, D, BM, NT>(a, s, b, hq + next_head, next_head ? mb_lo * BM : m0 + BM,
                                                 aQ + 2 * (buf ^ 1) * BM * RD, adO + 2 * (buf ^ 1) * BM * RD,
                                                 sLSE + (buf ^ 1) * BM, sDs + (buf ^ 1) * BM);
                 fa_cp_async_commit();
@@ -593,12 +634,19 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
             /* QB = 1: the next step's loads into the only buffer, under the dQ product */
             if (QB == 1) {
                 if (t + 1 < nsteps)
-                    bwd_load_step<T, D, BM, NT>(a, s, b, hk * a.group + (t + 1) / nmb, (mb_lo + (t + 1) % nmb) * BM, aQ,
-                                                adO, sLSE, sDs);
+                    bwd_load_step<T, D, BM, NT>(a, s, b, hq + next_head, next_head ? mb_lo * BM : m0 + BM, aQ, adO,
+                                                sLSE, sDs);
                 fa_cp_async_commit();
             }
 
-            /* dQ (BM x D) += dS K: warp (wm, wn) owns rows wm*MW.. and column groups WQN * j + wn */
+            /* dQ (BM x D) += dS K: warp (wm, wn) owns rows wm*MW.. and column groups WQN * j + wn. This thread adds
+             * to rows qrow + 8 k (k = 2 mt + hi), which lie 8 k token rows, i.e. k blocks of dQaccum, after its
+             * first; the addresses are set up once per step (fa2_bwd_dq_index). */
+            const int qrow = m0 + wm * MW + g, rows_left = s.len_q - qrow;
+            const int64_t qtok = s.tok_q + qrow;
+            float *const dq_thread =
+                dq_accum + fa2_bwd_dq_index(qtok, hq, 16 * wn + 2 * tq, a.heads_q, D);
+
 #pragma unroll
             for (int ch = 0; ch < NWQ / DQ_CHUNK; ch++) {
                 constexpr int NG = DQ_CHUNK / 16; /* column groups per chunk */
@@ -633,13 +681,11 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
                 for (int mt = 0; mt < MW / 16; mt++)
 #pragma unroll
                     for (int hi = 0; hi < 2; hi++) {
-                        const int r = m0 + wm * MW + mt * 16 + g + hi * 8;
-                        if (r >= s.len_q) continue;
-                        float *dst =
-                            dq_accum + ((s.tok_q + r) * a.heads_q + hq) * (int64_t)D + 16 * wn + fa2_bwd_dq_pos(2 * tq);
+                        if (mt * 16 + hi * 8 >= rows_left) continue;
+                        float *dst = dq_thread + (int64_t)((2 * mt + hi) * 8 * D) * a.heads_q;
 #pragma unroll
                         for (int j = 0; j < NG; j++) {
-                            float *p = dst + 16 * WQN * (ch * NG + j);
+                            float *p = dst + fa2_bwd_dq_index(0, 0, 16 * WQN * (ch * NG + j), a.heads_q, D);
                             const float4 v = make_float4(qacc[mt][2 * j][2 * hi], qacc[mt][2 * j][2 * hi + 1],
                                                          qacc[mt][2 * j + 1][2 * hi], qacc[mt][2 * j + 1][2 * hi + 1]);
 #if __CUDA_ARCH__ >= 900
