@@ -13,6 +13,7 @@
  *   online softmax       m and l in log2 units; exp2(s * scale * log2(e) - m) is one FFMA and one MUFU op;
  *                        1/l is applied once at the end
  *   O += P V             P converted to 16 bits in registers is the A operand; V fragments by ldmatrix.trans
+ * (both products optionally software-pipelined: the next step's fragments are loaded before this step's mma).
  * K/V arrive by cp.async: with 2 stages the next block's K and V are copied while this one is computed (one
  * barrier per block), and a block may be processed in softmax steps of step_n keys; with 1 stage (head dims 128
  * and up: two blocks per SM, which hide each other's loads) V is copied during QK^T and the next K during
@@ -58,33 +59,37 @@ typedef struct fa2_fwd_args {
  *   block_n  keys per K/V tile (one barrier per tile)
  *   step_n   keys per softmax step inside a tile (S takes (block_m / warps / 16) * step_n / 2 registers)
  *   stages   K/V tiles in flight (2: the next tile is copied during this one; 1: V during QK^T, next K after)
+ *   pipe     1: the Q K^T and P V products load the next step's fragments before this step's mma (two register
+ *            sets; ptxas otherwise puts each ldmatrix right before its mma, whose wait then dominates: +5% at
+ *            d = 128, +1-2% at d = 64, neutral at d = 256 on the H200)
  * Shared memory = (block_m + 2 * stages * block_n) * (2 * d + 16) bytes (rows padded by 16 bytes); the kernel
  * has no static shared memory. O takes (block_m / warps / 16) * d / 2 fp32 registers per thread. Each warp
  * needs two m16 tiles of rows to feed the tensor cores from shared memory: with one, ldmatrix traffic per mma
  * doubles.
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct fa2_fwd_tile {
-    int d, block_m, block_n, step_n, warps, stages;
+    int d, block_m, block_n, step_n, warps, stages, pipe;
 } fa2_fwd_tile;
 
-/* Tuning builds may override the first row of a head dim with -DFA2_FWD_TILE_<D>="M, N, STEP, WARPS, STAGES". */
+/* Tuning builds may override the first row of a head dim with -DFA2_FWD_TILE_<D>="M, N, STEP, WARPS, STAGES,
+ * PIPE". */
 #ifndef FA2_FWD_TILE_32
-#define FA2_FWD_TILE_32 128, 128, 64, 4, 2
+#define FA2_FWD_TILE_32 128, 128, 64, 4, 2, 0
 #endif
 #ifndef FA2_FWD_TILE_64
-#define FA2_FWD_TILE_64 128, 64, 64, 4, 2
+#define FA2_FWD_TILE_64 128, 64, 64, 4, 2, 1
 #endif
 #ifndef FA2_FWD_TILE_96
-#define FA2_FWD_TILE_96 128, 64, 32, 4, 2
+#define FA2_FWD_TILE_96 128, 64, 32, 4, 2, 0
 #endif
 #ifndef FA2_FWD_TILE_128
-#define FA2_FWD_TILE_128 128, 64, 64, 4, 1
+#define FA2_FWD_TILE_128 128, 64, 64, 4, 1, 1
 #endif
 #ifndef FA2_FWD_TILE_192
-#define FA2_FWD_TILE_192 64, 64, 64, 4, 1
+#define FA2_FWD_TILE_192 64, 64, 64, 4, 1, 0
 #endif
 #ifndef FA2_FWD_TILE_256
-#define FA2_FWD_TILE_256 64, 64, 64, 4, 1
+#define FA2_FWD_TILE_256 64, 64, 64, 4, 1, 0
 #endif
 
 /* The configurations of each head dim from the most shared memory to the least; the host takes the first that
@@ -92,21 +97,21 @@ typedef struct fa2_fwd_tile {
  * (101376 bytes) on sm_86, sm_89 and sm_120. The first row of a head dim is the one measured on the H200
  * (docs/worklog.md). Comments: shared memory in KB of 1024 bytes, [block_m x block_n], the GPUs that take it. */
 static constexpr fa2_fwd_tile fa2_fwd_tiles[] = {
-    /* d, block_m, block_n, step_n, warps, stages */
+    /* d, block_m, block_n, step_n, warps, stages, pipe */
     {32, FA2_FWD_TILE_32},   /* 50 KB [128 x 128]: every part; O is 32 registers, so 128-key tiles halve the
                                 barriers per key */
-    {64, FA2_FWD_TILE_64},   /* 54 KB [128 x 64]: every part; O 64 + S 64 registers */
+    {64, FA2_FWD_TILE_64},   /* 54 KB [128 x 64]: every part; O 64 + S 64 registers; pipelined */
     {96, FA2_FWD_TILE_96},   /* 78 KB [128 x 64]: every part; O is 96 registers, which leaves room for a 32-key
                                 softmax step only */
-    {128, FA2_FWD_TILE_128}, /* 68 KB [128 x 64]: every part; O 128 + S 64 registers, the paper's A100/H100 tile;
-                                single-stage (2-6% faster than double-buffered K/V on the H200: the two blocks
-                                of an SM hide each other's loads, and it spills less) */
+    {128, FA2_FWD_TILE_128}, /* 68 KB [128 x 64]: every part; O 128 + S 64 registers, the paper's A100/H100 tile,
+                                pipelined; single-stage (2-6% faster than double-buffered K/V on the H200: the
+                                two blocks of an SM hide each other's loads, and it spills less) */
     {192, FA2_FWD_TILE_192}, /* 75 KB [64 x 64]: every part; single-stage so that two blocks share an H200 SM;
                                 one m16 tile per warp (O 96 registers) */
     {256, FA2_FWD_TILE_256}, /* 99 KB [64 x 64]: every part, exactly the 99 KB parts' limit; single-stage: two
                                 blocks per H200 SM hide each other's loads (O alone is 128 registers) */
-    {256, 64, 32, 32, 4, 1}, /* 66 KB [64 x 32]: below 99 KB (a limit set by FLASHATTN_SMEM_LIMIT); half the keys
-                                per tile */
+    {256, 64, 32, 32, 4, 1, 0}, /* 66 KB [64 x 32]: below 99 KB (a limit set by FLASHATTN_SMEM_LIMIT); half the
+                                   keys per tile */
 };
 #define FA2_FWD_NTILES ((int)(sizeof(fa2_fwd_tiles) / sizeof(fa2_fwd_tiles[0])))
 
@@ -161,7 +166,7 @@ static __device__ __forceinline__ fa2_seq fa2_seq_get(const fa2_fwd_args &a, int
     return s;
 }
 
-template <typename T, int D, int BM, int BN, int SN, int NW, int STAGES>
+template <typename T, int D, int BM, int BN, int SN, int NW, int STAGES, bool PIPE>
 __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant__ fa2_fwd_args a) {
     typedef fa_elem<T>           E;
     typedef fa_smem_tile<BM, D>  QTile;
@@ -174,6 +179,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     constexpr uint32_t kStageBytes = 2 * KVTile::kBytes;
     static_assert(RPW % 16 == 0 && SN % 16 == 0 && BN % SN == 0 && D % 16 == 0, "tile shape");
     static_assert(SN == BN || STAGES == 2, "single-stage K/V needs the whole block in one softmax step");
+    static_assert(!PIPE || MT > 1 || D > 128, "the pipelined Q K^T takes Q from shared memory");
 
     extern __shared__ __align__(128) unsigned char fa2_smem[];
     const uint32_t sQ  = fa_smem_addr(fa2_smem);
@@ -281,25 +287,54 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                  * two n8 tiles (keys +8 (j >> 1), k +8 (j & 1)) */
                 const uint32_t q_addr = sQ + QTile::offset(warp * RPW + lane % 16, lane / 16);
                 const uint32_t k_addr = sK + KVTile::offset(sb * SN + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+                if constexpr (PIPE) {
+                    /* Software-pipelined: the K fragment of the next n16 block and the Q fragments of the next k
+                     * step are loaded before the mma of this one (two register sets each), so that an mma does
+                     * not wait on the ldmatrix issued right before it. */
+                    constexpr int NP = NT / 2, kSteps = D / 16 * NP;
+                    uint32_t kb[2][4], qa[2][MT][4];
+                    fa_ldmatrix_x4(kb[0], k_addr);
 #pragma unroll
-                for (int ks = 0; ks < D / 16; ks++) {
-                    uint32_t qa[MT][4];
+                    for (int mt = 0; mt < MT; mt++) fa_ldmatrix_x4(qa[0][mt], q_addr + QTile::offset(mt * 16, 0));
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        if (kQInRegs)
+                    for (int ks = 0; ks < D / 16; ks++)
 #pragma unroll
-                            for (int e = 0; e < 4; e++) qa[mt][e] = qreg[kQInRegs ? ks : 0][e];
-                        else
-                            fa_ldmatrix_x4(qa[mt], q_addr + QTile::offset(mt * 16, ks * 2));
-                    }
+                        for (int np = 0; np < NP; np++) {
+                            const int i = ks * NP + np;
+                            if (i + 1 < kSteps)
+                                fa_ldmatrix_x4(kb[(i + 1) & 1],
+                                               k_addr + KVTile::offset((i + 1) % NP * 16, (i + 1) / NP * 2));
+                            if (np == NP - 1 && ks + 1 < D / 16)
 #pragma unroll
-                    for (int np = 0; np < NT / 2; np++) {
-                        uint32_t kb[4];
-                        fa_ldmatrix_x4(kb, k_addr + KVTile::offset(np * 16, ks * 2));
+                                for (int mt = 0; mt < MT; mt++)
+                                    fa_ldmatrix_x4(qa[(ks + 1) & 1][mt], q_addr + QTile::offset(mt * 16, (ks + 1) * 2));
+#pragma unroll
+                            for (int mt = 0; mt < MT; mt++) {
+                                E::mma(s[mt][2 * np], qa[ks & 1][mt], kb[i & 1][0], kb[i & 1][1]);
+                                E::mma(s[mt][2 * np + 1], qa[ks & 1][mt], kb[i & 1][2], kb[i & 1][3]);
+                            }
+                        }
+                } else {
+#pragma unroll
+                    for (int ks = 0; ks < D / 16; ks++) {
+                        uint32_t qa[MT][4];
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
-                            E::mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-                            E::mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                            if (kQInRegs)
+#pragma unroll
+                                for (int e = 0; e < 4; e++) qa[mt][e] = qreg[kQInRegs ? ks : 0][e];
+                            else
+                                fa_ldmatrix_x4(qa[mt], q_addr + QTile::offset(mt * 16, ks * 2));
+                        }
+#pragma unroll
+                        for (int np = 0; np < NT / 2; np++) {
+                            uint32_t kb[4];
+                            fa_ldmatrix_x4(kb, k_addr + KVTile::offset(np * 16, ks * 2));
+#pragma unroll
+                            for (int mt = 0; mt < MT; mt++) {
+                                E::mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+                                E::mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                            }
                         }
                     }
                 }
@@ -454,18 +489,39 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
             {
                 /* V as B by ldmatrix.trans for two n8 tiles of head dims: keys +8 (j & 1), dims +8 (j >> 1) */
                 const uint32_t v_addr = sV + KVTile::offset(sb * SN + ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+                if constexpr (PIPE) { /* the V fragment of the next step loaded before this step's mma */
+                    uint32_t vb[2][4];
+                    fa_ldmatrix_x4_trans(vb[0], v_addr);
 #pragma unroll
-                for (int kk = 0; kk < SN / 16; kk++) {
+                    for (int kk = 0; kk < SN / 16; kk++)
 #pragma unroll
-                    for (int dp = 0; dp < D / 16; dp++) {
-                        uint32_t vb[4];
-                        fa_ldmatrix_x4_trans(vb, v_addr + KVTile::offset(kk * 16, dp * 2));
+                        for (int dp = 0; dp < D / 16; dp++) {
+                            const int i = kk * (D / 16) + dp;
+                            if (i + 1 < SN / 16 * (D / 16))
+                                fa_ldmatrix_x4_trans(vb[(i + 1) & 1], v_addr + KVTile::offset((i + 1) / (D / 16) * 16,
+                                                                                              (i + 1) % (D / 16) * 2));
 #pragma unroll
-                        for (int mt = 0; mt < MT; mt++) {
-                            const uint32_t pa[4] = {p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
-                                                    p[mt][2 * kk + 1][1]};
-                            E::mma(acc[mt][2 * dp], pa, vb[0], vb[1]);
-                            E::mma(acc[mt][2 * dp + 1], pa, vb[2], vb[3]);
+                            for (int mt = 0; mt < MT; mt++) {
+                                const uint32_t pa[4] = {p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
+                                                        p[mt][2 * kk + 1][1]};
+                                E::mma(acc[mt][2 * dp], pa, vb[i & 1][0], vb[i & 1][1]);
+                                E::mma(acc[mt][2 * dp + 1], pa, vb[i & 1][2], vb[i & 1][3]);
+                            }
+                        }
+                } else {
+#pragma unroll
+                    for (int kk = 0; kk < SN / 16; kk++) {
+#pragma unroll
+                        for (int dp = 0; dp < D / 16; dp++) {
+                            uint32_t vb[4];
+                            fa_ldmatrix_x4_trans(vb, v_addr + KVTile::offset(kk * 16, dp * 2));
+#pragma unroll
+                            for (int mt = 0; mt < MT; mt++) {
+                                const uint32_t pa[4] = {p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
+                                                        p[mt][2 * kk + 1][1]};
+                                E::mma(acc[mt][2 * dp], pa, vb[0], vb[1]);
+                                E::mma(acc[mt][2 * dp + 1], pa, vb[2], vb[3]);
+                            }
                         }
                     }
                 }
@@ -510,7 +566,8 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 template <typename T, int I>
 static cudaError_t fa2_fwd_launch_tile(const fa2_fwd_args *a, int batch, cudaStream_t stream) {
     constexpr fa2_fwd_tile t = fa2_fwd_tiles[I];
-    void (*kernel)(const fa2_fwd_args) = fa2_fwd_kernel<T, t.d, t.block_m, t.block_n, t.step_n, t.warps, t.stages>;
+    void (*kernel)(const fa2_fwd_args) =
+        fa2_fwd_kernel<T, t.d, t.block_m, t.block_n, t.step_n, t.warps, t.stages, t.pipe != 0>;
     if (!a) {
         cudaFuncAttributes attr;
         return cudaFuncGetAttributes(&attr, kernel);
