@@ -4,7 +4,7 @@
 # compile-time variant, and PyTorch's SDPA flash backend in the same call. Logs go to $OUT; a table of every
 # variant's TFLOP/s over the main build's is printed last.
 #
-#   dev/fa2_variants.sh [build] [test] [main] [variants] [peers] [ncu]   (default: all but ncu)
+#   dev/fa2_variants.sh [build] [test] [main] [variants] [peers] [ncu] [ncusrc]   (default: all but ncu*)
 #
 # ncu: our FA2 kernel next to PyTorch's at d = 64 and 128 (NCU_DIMS), seqlen 4096, pass NCU_PASS = bwd | fwd:
 # throughput, shared memory, L2, and the stall reasons, as a table.
@@ -72,25 +72,27 @@ if has test; then
         echo "rc=$?"
         grep -E "^(FAIL|ERROR)|summary" "$OUT/tests-$k.log" | head -20
     done
-    note "test_backends -b cuda (kernel fa2, A100 tiles: FLASHATTN_SMEM_LIMIT=163000)"
-    FLASHATTN_SMEM_LIMIT=163000 FLASHATTN_KERNEL=fa2 timeout 300 build/tests/test_backends -b cuda >"$OUT/tests-a100.log" 2>&1
-    echo "rc=$?"
-    grep -E "^(FAIL|ERROR)|summary" "$OUT/tests-a100.log" | head -20
-    note "compute-sanitizer (FA2 backward)"
-    for tool in memcheck racecheck; do
-        for shape in "--batch 2 --heads 4 --heads-kv 2 --seqlen-q 200 --seqlen-k 300 --head-dim 128 --causal --varlen" \
-            "--batch 2 --heads 2 --seqlen 260 --head-dim 64 --deterministic" "--batch 1 --heads 2 --seqlen 130 --head-dim 192"; do
-            # shellcheck disable=SC2086
-            timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build/flashattn check --backend cuda --kernel fa2 --bwd $shape >"$OUT/san.tmp" 2>&1
-            echo "$tool rc=$? $(grep -E 'SUMMARY' "$OUT/san.tmp" | head -1) $(tail -1 "$OUT/san.tmp" | cut -c1-60) [$shape]"
-        done
-    done | tee "$OUT/sanitize.log"
-    {
-        build/flashattn check --backend cuda --kernel fa2 --bwd --batch 2 --heads 4 --seqlen 1024 --head-dim 128 --causal | tail -1
-        build/flashattn check --backend cuda --kernel fa2 --bwd --batch 2 --heads 4 --seqlen 777 --head-dim 64 | tail -1
-        build/flashattn check --backend cuda --kernel fa2 --bwd --batch 1 --heads 8 --heads-kv 2 --seqlen-q 300 --seqlen-k 1000 --head-dim 256 --causal --varlen | tail -1
-        build/flashattn check --backend cuda --kernel fa2 --bwd --deterministic --batch 2 --heads 4 --seqlen 1024 --head-dim 128 | tail -1
-    } 2>&1 | tee "$OUT/checks.log"
+    if [ "${TEST_QUICK:-0}" != 1 ]; then # TEST_QUICK=1: the suites above only
+        note "test_backends -b cuda (kernel fa2, A100 tiles: FLASHATTN_SMEM_LIMIT=163000)"
+        FLASHATTN_SMEM_LIMIT=163000 FLASHATTN_KERNEL=fa2 timeout 300 build/tests/test_backends -b cuda >"$OUT/tests-a100.log" 2>&1
+        echo "rc=$?"
+        grep -E "^(FAIL|ERROR)|summary" "$OUT/tests-a100.log" | head -20
+        note "compute-sanitizer (FA2 backward)"
+        for tool in memcheck racecheck; do
+            for shape in "--batch 2 --heads 4 --heads-kv 2 --seqlen-q 200 --seqlen-k 300 --head-dim 128 --causal --varlen" \
+                "--batch 2 --heads 2 --seqlen 260 --head-dim 64 --deterministic" "--batch 1 --heads 2 --seqlen 130 --head-dim 192"; do
+                # shellcheck disable=SC2086
+                timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 build/flashattn check --backend cuda --kernel fa2 --bwd $shape >"$OUT/san.tmp" 2>&1
+                echo "$tool rc=$? $(grep -E 'SUMMARY' "$OUT/san.tmp" | head -1) $(tail -1 "$OUT/san.tmp" | cut -c1-60) [$shape]"
+            done
+        done | tee "$OUT/sanitize.log"
+        {
+            build/flashattn check --backend cuda --kernel fa2 --bwd --batch 2 --heads 4 --seqlen 1024 --head-dim 128 --causal | tail -1
+            build/flashattn check --backend cuda --kernel fa2 --bwd --batch 2 --heads 4 --seqlen 777 --head-dim 64 | tail -1
+            build/flashattn check --backend cuda --kernel fa2 --bwd --batch 1 --heads 8 --heads-kv 2 --seqlen-q 300 --seqlen-k 1000 --head-dim 256 --causal --varlen | tail -1
+            build/flashattn check --backend cuda --kernel fa2 --bwd --deterministic --batch 2 --heads 4 --seqlen 1024 --head-dim 128 | tail -1
+        } 2>&1 | tee "$OUT/checks.log"
+    fi
 fi
 
 # sweep BINARY CSV [NAME=VALUE ...] [ARGS ...]: the paper sweep on the GPU; leading NAME=VALUE words go to the
@@ -184,6 +186,76 @@ for k in metrics:
 PY
 fi
 
+if has ncusrc; then
+    # Source-level stall sampling, ours next to PyTorch's: NCU_SRC = "pass:d ..." (pass fwd | bwd), seqlen 4096.
+    # Per kernel: stall samples by opcode and the hottest SASS lines (ncusrc-*.txt); raw CSVs in ncusrc.tar.gz.
+    note "ncu source counters: ${NCU_SRC:=bwd:64 bwd:256 fwd:128}"
+    mkdir -p /tmp/ncusrc
+    cat >/tmp/torch_flash.py <<'PY'
+import sys, torch, torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+d = int(sys.argv[1]); s = 4096; h = 2048 // d; b = 16384 // s
+q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    for _ in range(2):
+        o = F.scaled_dot_product_attention(q, k, v)
+        if sys.argv[2] == "bwd":
+            o.backward(torch.randn_like(o))
+torch.cuda.synchronize()
+PY
+    for pd in $NCU_SRC; do
+        pass=${pd%%:*} d=${pd##*:}
+        if [ "$pass" = fwd ]; then ours_k=fa2_fwd_kernel peer_k=flash_fwd_kernel bwd_flag=""; else
+            ours_k=fa2_bwd_main peer_k=flash_bwd_dq_dk_dv bwd_flag=--bwd; fi
+        for who in ours torch; do
+            name=$who-$pass-$d
+            if [ $who = ours ]; then
+                cmd=(build/flashattn bench --backend cuda --kernel fa2 $bwd_flag --batch 4 --heads $((2048 / d)) --seqlen 4096
+                    --head-dim $d --no-causal --repeats 1 --warmup 1) k=$ours_k
+            else cmd=(python3 /tmp/torch_flash.py $d $pass) k=$peer_k; fi
+            timeout 150 ncu --clock-control none --section SourceCounters --section WarpStateStats -k regex:$k \
+                --launch-skip 1 --launch-count 1 -f -o /tmp/ncusrc/$name "${cmd[@]}" >/tmp/ncusrc/$name.log 2>&1
+            ncu -i /tmp/ncusrc/$name.ncu-rep --page source --csv --print-source sass >/tmp/ncusrc/$name.csv 2>&1 ||
+                ncu -i /tmp/ncusrc/$name.ncu-rep --page source --csv >/tmp/ncusrc/$name.csv 2>&1
+            ncu -i /tmp/ncusrc/$name.ncu-rep --page details --csv >/tmp/ncusrc/$name-details.csv 2>&1
+            python3 - /tmp/ncusrc/$name.csv >"$OUT/ncusrc-$name.txt" 2>&1 <<'PY'
+import csv, re, sys, collections
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+hi = next((i for i, r in enumerate(rows) if any("Source" == c or "Address" in c for c in r)), None)
+if hi is None:
+    print("no source table:"); print("\n".join(",".join(r)[:200] for r in rows[:20])); sys.exit()
+head = rows[hi]; data = [r for r in rows[hi + 1:] if len(r) == len(head)]
+print("columns:", " | ".join(head))
+src = next(i for i, c in enumerate(head) if c == "Source" or "Source" in c)
+def num(x):
+    try: return float(x.replace(",", ""))
+    except ValueError: return None
+samp = next((i for i, c in enumerate(head) if "Sampling (All" in c), None)
+numeric = [i for i in range(len(head)) if i != src and sum(num(r[i]) is not None for r in data) > len(data) // 2]
+if samp is None: print("no sampling column"); sys.exit()
+tot = sum(num(r[samp]) or 0 for r in data)
+by_op = collections.Counter()
+for r in data:
+    m = re.match(r"\s*(@!?U?P\w+\s+)?([A-Z0-9_]+)", r[src]); by_op[m.group(2) if m else "?"] += num(r[samp]) or 0
+print("total samples %d, instructions %d" % (tot, len(data)))
+print("by opcode:", ", ".join("%s %.1f%%" % (k, 100 * v / tot) for k, v in by_op.most_common(16)))
+stall_cols = [i for i in numeric if i != samp and re.search(r"stall|Stall|smsp__pcsamp", head[i])]
+print("stall columns:", [head[i] for i in stall_cols][:40])
+agg = {head[i]: sum(num(r[i]) or 0 for r in data) for i in stall_cols}
+print("stall totals:", ", ".join("%s %.0f" % (k, v) for k, v in sorted(agg.items(), key=lambda x: -x[1])[:14]))
+print("hottest lines (index, samples %, SASS, nonzero stall columns):")
+idx = sorted(range(len(data)), key=lambda i: -(num(data[i][samp]) or 0))[:70]
+for i in sorted(idx):
+    r = data[i]
+    extra = " ".join("%s=%s" % (re.sub(r"[^a-z_]", "", head[c].lower())[-14:], r[c]) for c in stall_cols if (num(r[c]) or 0) > 0.02 * (num(r[samp]) or 1))
+    print("%5d %5.2f%% %-58s %s" % (i, 100 * (num(r[samp]) or 0) / tot, r[src].strip()[:58], extra[:150]))
+PY
+            head -4 "$OUT/ncusrc-$name.txt" | cut -c1-300
+        done
+    done
+    tar czf "$OUT/ncusrc.tar.gz" -C /tmp/ncusrc $(cd /tmp/ncusrc && ls *.csv *.log) 2>/dev/null
+fi
+
 note "summary"
 grep -H -E "^summary" "$OUT"/tests-*.log 2>/dev/null | sed "s|$OUT/||"
 python3 - "$OUT" <<'PY'
@@ -220,3 +292,5 @@ for k in keys:
     cells = [f"{vars_[n][k] / m:.3f}" if m and k in vars_[n] else "-" for n in names]
     print(f"{k[0]} {k[1]} {k[2]} {k[3]} | {m or '-'} {f or '-'} {ratio} | " + " ".join(cells))
 PY
+# Everything but the summary in one archive (the GPU machine returns only a few files).
+(cd "$OUT" && tar czf logs.tar.gz --exclude logs.tar.gz --exclude '*.ncu-rep' . 2>/dev/null)
