@@ -21,7 +21,9 @@
  *      queries of S^T between the warps of a key stripe and exchanges P^T, dS^T through shared memory.
  *   3. convert: dQ = softmax_scale * dQaccum (summing the deterministic slices in order), in the 16-bit type.
  * dQaccum keeps each group of 16 columns permuted (fa2_bwd_dq_pos) so that the four values a thread holds of a
- * group in the mma fragment are adjacent: one 16-byte reduction instead of two 8-byte (or four 4-byte) ones.
+ * group in the mma fragment are adjacent: one 16-byte reduction instead of two 8-byte (or four 4-byte) ones; and
+ * it is stored in blocks of 8 token rows x 16 columns (fa2_bwd_dq_index), so that a warp's reductions of one
+ * fragment row block cover whole 128-byte lines.
  * Deterministic mode: gridDim.x = nsplit CTAs per (kv head, batch) walk the key blocks nb = blockIdx.x,
  * blockIdx.x + nsplit, ... and add dQ into their own fp32 slice. Within a slice each element is only ever added
  * to by one thread, in program order, so the sums are bit-identical run to run; the convert kernel adds the
