@@ -133,6 +133,22 @@ if has peers; then
         tail -5 "$OUT/peers.log"
 fi
 
+# PyTorch's FA2 kernels under ncu: /tmp/torch_flash.py D fwd|bwd runs SDPA flash twice (bf16, seqlen 4096).
+if has ncu || has ncusrc; then
+    cat >/tmp/torch_flash.py <<'PY'
+import sys, torch, torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+d = int(sys.argv[1]); s = 4096; h = 2048 // d; b = 16384 // s
+q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    for _ in range(2):
+        o = F.scaled_dot_product_attention(q, k, v)
+        if sys.argv[2] == "bwd":
+            o.backward(torch.randn_like(o))
+torch.cuda.synchronize()
+PY
+fi
+
 if has ncu; then
     NCU_PASS=${NCU_PASS:-bwd} # fwd | bwd
     if [ "$NCU_PASS" = fwd ]; then ours_k=fa2_fwd_kernel peer_k=flash_fwd_kernel bwd_flag=""; else
@@ -148,18 +164,6 @@ if has ncu; then
     for st in barrier long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait not_selected selected dispatch_stall lg_throttle no_instruction membar branch_resolving; do
         M=$M,smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio
     done
-    cat >/tmp/torch_flash.py <<'PY'
-import sys, torch, torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel, SDPBackend
-d = int(sys.argv[1]); s = 4096; h = 2048 // d; b = 16384 // s
-q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
-with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-    for _ in range(2):
-        o = F.scaled_dot_product_attention(q, k, v)
-        if sys.argv[2] == "bwd":
-            o.backward(torch.randn_like(o))
-torch.cuda.synchronize()
-PY
     {
         for d in ${NCU_DIMS:-64 128}; do
             echo "== ours d=$d"
@@ -191,18 +195,6 @@ if has ncusrc; then
     # Per kernel: stall samples by opcode and the hottest SASS lines (ncusrc-*.txt); raw CSVs in ncusrc.tar.gz.
     note "ncu source counters: ${NCU_SRC:=bwd:64 bwd:256 fwd:128}"
     mkdir -p /tmp/ncusrc
-    cat >/tmp/torch_flash.py <<'PY'
-import sys, torch, torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel, SDPBackend
-d = int(sys.argv[1]); s = 4096; h = 2048 // d; b = 16384 // s
-q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
-with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-    for _ in range(2):
-        o = F.scaled_dot_product_attention(q, k, v)
-        if sys.argv[2] == "bwd":
-            o.backward(torch.randn_like(o))
-torch.cuda.synchronize()
-PY
     for pd in $NCU_SRC; do
         pass=${pd%%:*} d=${pd##*:}
         if [ "$pass" = fwd ]; then ours_k=fa2_fwd_kernel peer_k=flash_fwd_kernel bwd_flag=""; else
