@@ -26,7 +26,7 @@ note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 CC=${CC:-$(command -v cc || command -v gcc)}
 NVCC_FLAGS="-O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden -Iinclude -Isrc -lineinfo -Xptxas --warn-on-spills -DFA_WITH_CUDA"
-# Example: VARIANTS='fwd128_s2|fa2_fwd_hdim128|128|--fwd-only|#define FA2_FWD_TILE_128 128, 64, 64, 4, 2'
+# Example: VARIANTS='fwd128_s2|fa2_fwd_hdim128|128|--fwd-only|#define FA2_FWD_TILE_128 128, 64, 64, 4, 2, 0, 0, 0'
 VARIANTS=${VARIANTS:-}
 VDIR=/tmp/fa2var
 

@@ -204,6 +204,41 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
     }
 }
 
+/* The copies of one whole tile (every row valid) issued one at a time between other instructions, e.g. one per
+ * k step of a product: the same thread / row / chunk split as fa_cp_async_tile. Issued back to back through
+ * one address register, each copy's address update waits for the previous cp.async to read that register
+ * (long-scoreboard stalls: a quarter of the d = 256 forward's samples in a rolled loop). Here kPtrs addresses
+ * take turns, each advanced kPtrs row steps after its copy, so that update comes kPtrs copies later. */
+template <int kRows, int kCols, int kThreads, int kPtrs, typename T> struct fa_cp_async_stream {
+    typedef fa_smem_tile<kRows, kCols> tile;
+    static_assert(kThreads % tile::kChunks == 0 && kRows % (kThreads / tile::kChunks) == 0, "stream split");
+    static constexpr int kStep   = kThreads / tile::kChunks;
+    static constexpr int kCopies = kRows / kStep; /* per thread */
+    uint32_t s;
+    const T *g[kPtrs];
+    int64_t  step; /* kPtrs row steps */
+
+    __device__ __forceinline__ void init(uint32_t dst, const T *src, int64_t row_stride, int tid) {
+        const int row0 = tid / tile::kChunks, chunk = tid % tile::kChunks;
+        s = dst + tile::offset(row0, chunk);
+#pragma unroll
+        for (int r = 0; r < kPtrs; r++) g[r] = src + ((row0 + r * kStep) * (int32_t)row_stride + chunk * 8);
+        step = kPtrs * kStep * row_stride;
+    }
+    /* Copy i (a compile-time constant after unrolling; copies must be issued in order 0, 1, ..). */
+    __device__ __forceinline__ void copy(int i) {
+        fa_cp_async_16(s + i * kStep * tile::kRowBytes, g[i % kPtrs], true);
+        g[i % kPtrs] += step;
+    }
+    /* The copies that belong to step `at` of a loop of `steps` (copy i at step i * steps / kCopies); steps at or
+     * past `steps` issue none, so a smaller `steps` front-loads the copies into a longer loop. */
+    __device__ __forceinline__ void copies_at(int at, int steps) {
+#pragma unroll
+        for (int i = 0; i < kCopies; i++)
+            if (i * steps / kCopies == at) copy(i);
+    }
+};
+
 /* ---- reductions over the 4 lanes of a quad (one mma row) and over a warp ---- */
 
 static __device__ __forceinline__ float fa_quad_max(float x) {

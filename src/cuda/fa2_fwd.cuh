@@ -62,34 +62,37 @@ typedef struct fa2_fwd_args {
  *   pipe     1: the Q K^T and P V products load the next step's fragments before this step's mma (two register
  *            sets; ptxas otherwise puts each ldmatrix right before its mma, whose wait then dominates: +5% at
  *            d = 128, +1-2% at d = 64, neutral at d = 256 on the H200)
+ *   stream_v, stream_k  single stage only, 0: V (and the next K) copied all at once; v > 0: V's copies spread
+ *            over the first 1 / v of the Q K^T product, the next K's over the first 1 / k of P V
+ *            (fa_cp_async_stream; d = 256: +3-9%, d = 128: +1-2% on the H200)
  * Shared memory = (block_m + 2 * stages * block_n) * (2 * d + 16) bytes (rows padded by 16 bytes); the kernel
  * has no static shared memory. O takes (block_m / warps / 16) * d / 2 fp32 registers per thread. Each warp
  * needs two m16 tiles of rows to feed the tensor cores from shared memory: with one, ldmatrix traffic per mma
  * doubles.
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct fa2_fwd_tile {
-    int d, block_m, block_n, step_n, warps, stages, pipe;
+    int d, block_m, block_n, step_n, warps, stages, pipe, stream_v, stream_k;
 } fa2_fwd_tile;
 
 /* Tuning builds may override the first row of a head dim with -DFA2_FWD_TILE_<D>="M, N, STEP, WARPS, STAGES,
- * PIPE". */
+ * PIPE, STREAM_V, STREAM_K". */
 #ifndef FA2_FWD_TILE_32
-#define FA2_FWD_TILE_32 128, 128, 64, 4, 2, 0
+#define FA2_FWD_TILE_32 128, 128, 64, 4, 2, 0, 0, 0
 #endif
 #ifndef FA2_FWD_TILE_64
-#define FA2_FWD_TILE_64 128, 64, 64, 4, 2, 1
+#define FA2_FWD_TILE_64 128, 64, 64, 4, 2, 1, 0, 0
 #endif
 #ifndef FA2_FWD_TILE_96
-#define FA2_FWD_TILE_96 128, 64, 32, 4, 2, 0
+#define FA2_FWD_TILE_96 128, 64, 32, 4, 2, 0, 0, 0
 #endif
 #ifndef FA2_FWD_TILE_128
-#define FA2_FWD_TILE_128 128, 64, 64, 4, 1, 1
+#define FA2_FWD_TILE_128 128, 64, 64, 4, 1, 1, 2, 2
 #endif
 #ifndef FA2_FWD_TILE_192
-#define FA2_FWD_TILE_192 64, 64, 64, 4, 1, 0
+#define FA2_FWD_TILE_192 64, 64, 64, 4, 1, 0, 0, 0
 #endif
 #ifndef FA2_FWD_TILE_256
-#define FA2_FWD_TILE_256 64, 64, 64, 4, 1, 0
+#define FA2_FWD_TILE_256 64, 64, 64, 4, 1, 0, 4, 1
 #endif
 
 /* The configurations of each head dim from the most shared memory to the least; the host takes the first that
@@ -97,7 +100,7 @@ typedef struct fa2_fwd_tile {
  * (101376 bytes) on sm_86, sm_89 and sm_120. The first row of a head dim is the one measured on the H200
  * (docs/worklog.md). Comments: shared memory in KB of 1024 bytes, [block_m x block_n], the GPUs that take it. */
 static constexpr fa2_fwd_tile fa2_fwd_tiles[] = {
-    /* d, block_m, block_n, step_n, warps, stages, pipe */
+    /* d, block_m, block_n, step_n, warps, stages, pipe, stream_v, stream_k */
     {32, FA2_FWD_TILE_32},   /* 50 KB [128 x 128]: every part; O is 32 registers, so 128-key tiles halve the
                                 barriers per key */
     {64, FA2_FWD_TILE_64},   /* 54 KB [128 x 64]: every part; O 64 + S 64 registers; pipelined */
@@ -110,7 +113,7 @@ static constexpr fa2_fwd_tile fa2_fwd_tiles[] = {
                                 one m16 tile per warp (O 96 registers) */
     {256, FA2_FWD_TILE_256}, /* 99 KB [64 x 64]: every part, exactly the 99 KB parts' limit; single-stage: two
                                 blocks per H200 SM hide each other's loads (O alone is 128 registers) */
-    {256, 64, 32, 32, 4, 1, 0}, /* 66 KB [64 x 32]: below 99 KB (a limit set by FLASHATTN_SMEM_LIMIT); half the
+    {256, 64, 32, 32, 4, 1, 0, 0, 0}, /* 66 KB [64 x 32]: below 99 KB (a limit set by FLASHATTN_SMEM_LIMIT); half the
                                    keys per tile */
 };
 #define FA2_FWD_NTILES ((int)(sizeof(fa2_fwd_tiles) / sizeof(fa2_fwd_tiles[0])))
@@ -166,7 +169,7 @@ static __device__ __forceinline__ fa2_seq fa2_seq_get(const fa2_fwd_args &a, int
     return s;
 }
 
-template <typename T, int D, int BM, int BN, int SN, int NW, int STAGES, bool PIPE>
+template <typename T, int D, int BM, int BN, int SN, int NW, int STAGES, bool PIPE, int STREAM_V, int STREAM_K>
 __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant__ fa2_fwd_args a) {
     typedef fa_elem<T>           E;
     typedef fa_smem_tile<BM, D>  QTile;
@@ -180,6 +183,11 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     static_assert(RPW % 16 == 0 && SN % 16 == 0 && BN % SN == 0 && D % 16 == 0, "tile shape");
     static_assert(SN == BN || STAGES == 2, "single-stage K/V needs the whole block in one softmax step");
     static_assert(!PIPE || MT > 1 || D > 128, "the pipelined Q K^T takes Q from shared memory");
+    /* Single-stage K/V with stream_v > 0: V's copies spread over the Q K^T product, the next K's over P V, each
+     * through two alternating addresses. */
+    constexpr bool kStream = STAGES == 1 && STREAM_V > 0 && STREAM_K > 0;
+    static_assert(!kStream || kThreads % (D / 8) == 0, "streamed copies: whole rows per group of threads");
+    typedef fa_cp_async_stream<BN, D, kStream ? kThreads : D / 8, 2, T> KVStream; /* (unused if not kStream) */
 
     extern __shared__ __align__(128) unsigned char fa2_smem[];
     const uint32_t sQ  = fa_smem_addr(fa2_smem);
@@ -266,9 +274,15 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 
         fa_cp_async_wait<0>();
         __syncthreads(); /* this block's K (and V) landed; every warp is done with the buffers refilled next */
+        /* (only the first block, at the sequence end, can be partial: its V is copied at once) */
+        const bool v_stream = kStream && len_k - n * BN >= BN;
+        KVStream   kv_stream;
         if (STAGES == 1) {
-            fa_cp_async_tile<BN, D, kThreads>(sV, v + (int64_t)n * BN * a.v_row, a.v_row, len_k - n * BN, tid);
-            fa_cp_async_commit();
+            if (v_stream)
+                kv_stream.init(sV, v + (int64_t)n * BN * a.v_row, a.v_row, tid);
+            else
+                fa_cp_async_tile<BN, D, kThreads>(sV, v + (int64_t)n * BN * a.v_row, a.v_row, len_k - n * BN, tid);
+            if (!kStream) fa_cp_async_commit();
         }
 
         /* The block's SN-key steps: S = Q K^T, scores, online softmax, O += P V. */
@@ -301,6 +315,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 #pragma unroll
                         for (int np = 0; np < NP; np++) {
                             const int i = ks * NP + np;
+                            if (np == 0 && v_stream) kv_stream.copies_at(ks, D / 16 / STREAM_V);
                             if (i + 1 < kSteps)
                                 fa_ldmatrix_x4(kb[(i + 1) & 1],
                                                k_addr + KVTile::offset((i + 1) % NP * 16, (i + 1) / NP * 2));
@@ -317,6 +332,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                 } else {
 #pragma unroll
                     for (int ks = 0; ks < D / 16; ks++) {
+                        if (v_stream) kv_stream.copies_at(ks, D / 16 / STREAM_V);
                         uint32_t qa[MT][4];
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
@@ -355,14 +371,20 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                 fa_cp_async_commit();
             }
             if (STAGES == 1) { /* (SN == BN here) */
+                if (kStream) fa_cp_async_commit();
                 fa_cp_async_wait<0>();
                 __syncthreads(); /* V landed; every warp is done reading K */
                 if (n > n_lo) {
-                    const int nb = n - 1;
-                    fa_cp_async_tile<BN, D, kThreads>(sK, k + (int64_t)nb * BN * a.k_row, a.k_row, len_k - nb * BN, tid);
+                    const int nb = n - 1; /* a whole block */
+                    if (kStream)
+                        kv_stream.init(sK, k + (int64_t)nb * BN * a.k_row, a.k_row, tid);
+                    else
+                        fa_cp_async_tile<BN, D, kThreads>(sK, k + (int64_t)nb * BN * a.k_row, a.k_row,
+                                                          len_k - nb * BN, tid);
                 }
-                fa_cp_async_commit();
+                if (!kStream) fa_cp_async_commit();
             }
+            const bool k_stream = kStream && n > n_lo;
 
             /* Scores that are not plain scale * QK^T (softcap, ALiBi, a negative scale) are rewritten as
              * score / |scale|, so that the softmax below is the same for every block. */
@@ -497,6 +519,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 #pragma unroll
                         for (int dp = 0; dp < D / 16; dp++) {
                             const int i = kk * (D / 16) + dp;
+                            if (k_stream) kv_stream.copies_at(i, SN / 16 * (D / 16) / STREAM_K);
                             if (i + 1 < SN / 16 * (D / 16))
                                 fa_ldmatrix_x4_trans(vb[(i + 1) & 1], v_addr + KVTile::offset((i + 1) / (D / 16) * 16,
                                                                                               (i + 1) % (D / 16) * 2));
@@ -513,6 +536,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                     for (int kk = 0; kk < SN / 16; kk++) {
 #pragma unroll
                         for (int dp = 0; dp < D / 16; dp++) {
+                            if (k_stream) kv_stream.copies_at(kk * (D / 16) + dp, SN / 16 * (D / 16) / STREAM_K);
                             uint32_t vb[4];
                             fa_ldmatrix_x4_trans(vb, v_addr + KVTile::offset(kk * 16, dp * 2));
 #pragma unroll
@@ -526,6 +550,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                     }
                 }
             }
+            if (kStream) fa_cp_async_commit(); /* the next block's K */
         }
     }
 
@@ -567,7 +592,7 @@ template <typename T, int I>
 static cudaError_t fa2_fwd_launch_tile(const fa2_fwd_args *a, int batch, cudaStream_t stream) {
     constexpr fa2_fwd_tile t = fa2_fwd_tiles[I];
     void (*kernel)(const fa2_fwd_args) =
-        fa2_fwd_kernel<T, t.d, t.block_m, t.block_n, t.step_n, t.warps, t.stages, t.pipe != 0>;
+        fa2_fwd_kernel<T, t.d, t.block_m, t.block_n, t.step_n, t.warps, t.stages, t.pipe != 0, t.stream_v, t.stream_k>;
     if (!a) {
         cudaFuncAttributes attr;
         return cudaFuncGetAttributes(&attr, kernel);
