@@ -38,6 +38,7 @@ typedef struct cli_options {
     uint64_t seed;
     int32_t threads;
     fa_kernel kernel;
+    int layout; /* vf_layout: 0 = (batch, seqlen, heads, head_dim), 1 = (batch, heads, seqlen, head_dim) */
     int32_t repeats, warmup, rows; /* -1: defaults */
     const char *csv, *sweep, *plot, *peers;
 } cli_options;

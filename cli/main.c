@@ -48,6 +48,8 @@ static const char usage[] =
     "  --threads N             CPU threads (default: all)\n"
     "  --deterministic         deterministic backward (check --bwd also compares two runs bit for bit)\n"
     "  --kernel auto|fa2|fa3   CUDA kernel family\n"
+    "  --layout bshd|bhsd      memory order of Q, K, V, O and their gradients: (batch, seqlen, heads, head_dim),\n"
+    "                          the default, or (batch, heads, seqlen, head_dim), e.g. PyTorch's contiguous tensors\n"
     "  --repeats N --warmup N  timed runs (run: 3 and 1 on a GPU, 1 and 0 on the CPU; bench: 10 and 3 on a GPU,\n"
     "                          5 and 1 on the CPU)\n"
     "  --rows N                run: query and key rows to verify (default 64)\n"
@@ -147,6 +149,7 @@ void cli_config(const cli_options *o, vf_config *c) {
     c->deterministic = o->deterministic;
     c->varlen = o->varlen;
     c->seed = o->seed;
+    c->layout = (vf_layout)o->layout;
 }
 
 fa_exec cli_exec(const cli_options *o, fa_backend b) {
@@ -225,6 +228,7 @@ void cli_describe(const cli_options *o, char *buf, int size) {
     if (o->varlen) CLI_APPEND(", varlen");
     if (o->scale != 0) CLI_APPEND(", scale %g", (double)o->scale);
     if (o->deterministic) CLI_APPEND(", deterministic");
+    if (o->layout == VF_LAYOUT_BHSD) CLI_APPEND(", layout bhsd");
 #undef CLI_APPEND
 }
 
@@ -345,6 +349,7 @@ static const option_spec option_specs[] = {
     OPT("--dtype", 'x', dtype, 0, 0),
     OPT("--window", 'x', window_left, 0, 0),
     OPT("--kernel", 'x', kernel, 0, 0),
+    OPT("--layout", 'x', layout, 0, 0),
     OPT("--sweep", 'x', sweep, 0, 0),
     OPT("--seqlen", 'x', seqlen_q, 0, 0),
     OPT("--seed", 'x', seed, 0, 0),
@@ -372,6 +377,13 @@ static void parse_special(cli_options *o, const char *n, const char *value) {
             o->kernel = FA_KERNEL_FA3;
         else
             bad_usage("%s: expected auto, fa2 or fa3, got '%s'", n, value);
+    } else if (!strcmp(n, "--layout")) {
+        if (!strcmp(value, "bshd"))
+            o->layout = VF_LAYOUT_BSHD;
+        else if (!strcmp(value, "bhsd"))
+            o->layout = VF_LAYOUT_BHSD;
+        else
+            bad_usage("%s: expected bshd or bhsd, got '%s'", n, value);
     } else if (!strcmp(n, "--sweep")) {
         if (strcmp(value, "paper")) bad_usage("%s: the only sweep is 'paper', got '%s'", n, value);
         o->sweep = value;

@@ -6,7 +6,7 @@
 #
 #   dev/fa2_variants.sh [build] [test] [main] [variants] [peers] [ncu] [ncusrc]   (default: all but ncu*)
 #
-# ncu: our FA2 kernel next to PyTorch's at d = 64 and 128 (NCU_DIMS), seqlen 4096, pass NCU_PASS = bwd | fwd:
+# ncu: our FA2 kernel next to PyTorch's at d = 64 and 128 (NCU_DIMS), seqlen NCU_SEQLEN (4096), pass NCU_PASS = bwd | fwd:
 # throughput, shared memory, L2, and the stall reasons, as a table.
 #
 # VARIANTS: one per line, "name|files|head dims|sweep args|header text": the listed src/cuda/<file>.cu are
@@ -138,7 +138,7 @@ if has ncu || has ncusrc; then
     cat >/tmp/torch_flash.py <<'PY'
 import sys, torch, torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
-d = int(sys.argv[1]); s = 4096; h = 2048 // d; b = 16384 // s
+d = int(sys.argv[1]); s = int(sys.argv[3]) if len(sys.argv) > 3 else 4096; h = 2048 // d; b = 16384 // s
 q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     for _ in range(2):
@@ -153,7 +153,7 @@ if has ncu; then
     NCU_PASS=${NCU_PASS:-bwd} # fwd | bwd
     if [ "$NCU_PASS" = fwd ]; then ours_k=fa2_fwd_kernel peer_k=flash_fwd_kernel bwd_flag=""; else
         ours_k=fa2_bwd_main peer_k=flash_bwd_dq_dk_dv bwd_flag=--bwd; fi
-    note "ncu: FA2 $NCU_PASS, ours vs PyTorch flash (bf16, seqlen 4096, not causal)"
+    note "ncu: FA2 $NCU_PASS, ours vs PyTorch flash (bf16, seqlen ${NCU_SEQLEN:-4096}, not causal)"
     M=gpu__time_duration.sum,sm__cycles_elapsed.avg,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active
     M=$M,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
     M=$M,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
@@ -161,6 +161,7 @@ if has ncu; then
     M=$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum
     M=$M,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed
     M=$M,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__block_size,launch__grid_size
+    M=$M,sm__cycles_active.avg.pct_of_peak_sustained_elapsed,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem
     for st in barrier long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait not_selected selected dispatch_stall lg_throttle no_instruction membar branch_resolving; do
         M=$M,smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio
     done
@@ -168,11 +169,11 @@ if has ncu; then
         for d in ${NCU_DIMS:-64 128}; do
             echo "== ours d=$d"
             timeout 120 ncu --clock-control none -k regex:$ours_k --launch-skip 1 --launch-count 1 --metrics $M \
-                build/flashattn bench --backend cuda --kernel fa2 $bwd_flag --batch 4 --heads $((2048 / d)) --seqlen 4096 \
+                build/flashattn bench --backend cuda --kernel fa2 $bwd_flag --batch $((16384 / ${NCU_SEQLEN:-4096})) --heads $((2048 / d)) --seqlen ${NCU_SEQLEN:-4096} \
                 --head-dim $d --no-causal --repeats 1 --warmup 1 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)"
             echo "== torch flash d=$d"
             timeout 120 ncu --clock-control none -k regex:$peer_k --launch-skip 1 --launch-count 1 --metrics $M \
-                python3 /tmp/torch_flash.py $d $NCU_PASS 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)|flash_" | cut -c1-160
+                python3 /tmp/torch_flash.py $d $NCU_PASS ${NCU_SEQLEN:-4096} 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)|flash_" | cut -c1-160
         done
     } >"$OUT/ncu.log" 2>&1
     python3 - "$OUT/ncu.log" <<'PY'
@@ -202,9 +203,9 @@ if has ncusrc; then
         for who in ours torch; do
             name=$who-$pass-$d
             if [ $who = ours ]; then
-                cmd=(build/flashattn bench --backend cuda --kernel fa2 $bwd_flag --batch 4 --heads $((2048 / d)) --seqlen 4096
+                cmd=(build/flashattn bench --backend cuda --kernel fa2 $bwd_flag --batch $((16384 / ${NCU_SEQLEN:-4096})) --heads $((2048 / d)) --seqlen ${NCU_SEQLEN:-4096}
                     --head-dim $d --no-causal --repeats 1 --warmup 1) k=$ours_k
-            else cmd=(python3 /tmp/torch_flash.py $d $pass) k=$peer_k; fi
+            else cmd=(python3 /tmp/torch_flash.py $d $pass ${NCU_SEQLEN:-4096}) k=$peer_k; fi
             timeout 150 ncu --clock-control none --section SourceCounters --section WarpStateStats -k regex:$k \
                 --launch-skip 1 --launch-count 1 -f -o /tmp/ncusrc/$name "${cmd[@]}" >/tmp/ncusrc/$name.log 2>&1
             ncu -i /tmp/ncusrc/$name.ncu-rep --page source --csv --print-source sass >/tmp/ncusrc/$name.csv 2>&1 ||

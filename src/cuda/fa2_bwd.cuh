@@ -314,10 +314,6 @@ static __device__ __forceinline__ void bwd_load_step(const fa2_bwd_args &a, cons
  * Column groups of 16 are interleaved between warps sharing rows: warp half wh of dK/dV owns groups WD * j + wh,
  * dQ warp column wn owns groups WQN * j + wn. */
 
-#ifndef FA2_BWD_PIPE
-#define FA2_BWD_PIPE 0
-#endif
-
 /* acc = A B^T over the head dim, for one warp: KR m16 tiles of A rows (K or V) times QW columns of B rows
  * (Q or dO), both in TD's padded layout with the lane's ldmatrix offsets folded into the base addresses.
  * S^T = K Q^T and dP^T = V dO^T are both this product. */
@@ -331,46 +327,19 @@ static __device__ __forceinline__ void bwd_rows_x_rows(float (&acc)[KR][QW / 8][
         for (int j = 0; j < QW / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mr][j][e] = 0.f;
-    if constexpr (FA2_BWD_PIPE) {
-        /* Software-pipelined: the next B fragment and, before the last B of a k slice, the next slice's A
-         * fragments are loaded ahead of this mma (two register sets each). */
-        constexpr int JP = QW / 16, kSteps = D / 16 * JP;
-        uint32_t a[2][KR][4], bf[2][4];
 #pragma unroll
-        for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(a[0][mr], a_base + TD::offset(mr * 16, 0));
-        fa_ldmatrix_x4(bf[0], b_base);
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[KR][4];
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
+        for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(a[mr], a_base + TD::offset(mr * 16, 2 * kk));
 #pragma unroll
-            for (int jp = 0; jp < JP; jp++) {
-                const int i = kk * JP + jp;
-                if (i + 1 < kSteps)
-                    fa_ldmatrix_x4(bf[(i + 1) & 1], b_base + TD::offset((i + 1) % JP * 16, 2 * ((i + 1) / JP)));
-                if (jp == JP - 1 && kk + 1 < D / 16)
+        for (int jp = 0; jp < QW / 16; jp++) {
+            uint32_t bf[4];
+            fa_ldmatrix_x4(bf, b_base + TD::offset(jp * 16, 2 * kk));
 #pragma unroll
-                    for (int mr = 0; mr < KR; mr++)
-                        fa_ldmatrix_x4(a[(kk + 1) & 1][mr], a_base + TD::offset(mr * 16, 2 * (kk + 1)));
-#pragma unroll
-                for (int mr = 0; mr < KR; mr++) {
-                    dt::mma(acc[mr][2 * jp], a[kk & 1][mr], bf[i & 1][0], bf[i & 1][1]);
-                    dt::mma(acc[mr][2 * jp + 1], a[kk & 1][mr], bf[i & 1][2], bf[i & 1][3]);
-                }
-            }
-    } else {
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t a[KR][4];
-#pragma unroll
-            for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(a[mr], a_base + TD::offset(mr * 16, 2 * kk));
-#pragma unroll
-            for (int jp = 0; jp < QW / 16; jp++) {
-                uint32_t bf[4];
-                fa_ldmatrix_x4(bf, b_base + TD::offset(jp * 16, 2 * kk));
-#pragma unroll
-                for (int mr = 0; mr < KR; mr++) {
-                    dt::mma(acc[mr][2 * jp], a[mr], bf[0], bf[1]);
-                    dt::mma(acc[mr][2 * jp + 1], a[mr], bf[2], bf[3]);
-                }
+            for (int mr = 0; mr < KR; mr++) {
+                dt::mma(acc[mr][2 * jp], a[mr], bf[0], bf[1]);
+                dt::mma(acc[mr][2 * jp + 1], a[mr], bf[2], bf[3]);
             }
         }
     }

@@ -188,6 +188,8 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     constexpr bool kStream = STAGES == 1 && STREAM_V > 0 && STREAM_K > 0;
     static_assert(!kStream || kThreads % (D / 8) == 0, "streamed copies: whole rows per group of threads");
     typedef fa_cp_async_stream<BN, D, kStream ? kThreads : D / 8, 2, T> KVStream; /* (unused if not kStream) */
+    constexpr int kVSteps = D / 16 / (STREAM_V > 0 ? STREAM_V : 1);            /* Q K^T steps that carry V's copies */
+    constexpr int kKSteps = SN / 16 * (D / 16) / (STREAM_K > 0 ? STREAM_K : 1); /* P V steps that carry K's */
 
     extern __shared__ __align__(128) unsigned char fa2_smem[];
     const uint32_t sQ  = fa_smem_addr(fa2_smem);
@@ -315,7 +317,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 #pragma unroll
                         for (int np = 0; np < NP; np++) {
                             const int i = ks * NP + np;
-                            if (np == 0 && v_stream) kv_stream.copies_at(ks, D / 16 / STREAM_V);
+                            if (np == 0 && v_stream) kv_stream.copies_at(ks, kVSteps);
                             if (i + 1 < kSteps)
                                 fa_ldmatrix_x4(kb[(i + 1) & 1],
                                                k_addr + KVTile::offset((i + 1) % NP * 16, (i + 1) / NP * 2));
@@ -332,7 +334,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                 } else {
 #pragma unroll
                     for (int ks = 0; ks < D / 16; ks++) {
-                        if (v_stream) kv_stream.copies_at(ks, D / 16 / STREAM_V);
+                        if (v_stream) kv_stream.copies_at(ks, kVSteps);
                         uint32_t qa[MT][4];
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
@@ -519,7 +521,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 #pragma unroll
                         for (int dp = 0; dp < D / 16; dp++) {
                             const int i = kk * (D / 16) + dp;
-                            if (k_stream) kv_stream.copies_at(i, SN / 16 * (D / 16) / STREAM_K);
+                            if (k_stream) kv_stream.copies_at(i, kKSteps);
                             if (i + 1 < SN / 16 * (D / 16))
                                 fa_ldmatrix_x4_trans(vb[(i + 1) & 1], v_addr + KVTile::offset((i + 1) / (D / 16) * 16,
                                                                                               (i + 1) % (D / 16) * 2));
@@ -536,7 +538,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                     for (int kk = 0; kk < SN / 16; kk++) {
 #pragma unroll
                         for (int dp = 0; dp < D / 16; dp++) {
-                            if (k_stream) kv_stream.copies_at(kk * (D / 16) + dp, SN / 16 * (D / 16) / STREAM_K);
+                            if (k_stream) kv_stream.copies_at(kk * (D / 16) + dp, kKSteps);
                             uint32_t vb[4];
                             fa_ldmatrix_x4_trans(vb, v_addr + KVTile::offset(kk * 16, dp * 2));
 #pragma unroll
