@@ -115,10 +115,9 @@ FA_INLINE fa_vf fa_vmin(fa_vf a, fa_vf b) {
 FA_INLINE fa_vf fa_vabs(fa_vf a) {
     return (fa_vf)((fa_vi)a & fa_viset1(0x7fffffff));
 }
-/* 2^n 2^f for integral n in [-127, 127] and |f| <= 1/2 (a little more is fine): 2^f by a degree-6
- * polynomial (a relative-error fit on [-1/2, 1/2], fit error 2.0e-9), 2^n through the exponent bits (n = -127
- * gives 0). */
-FA_INLINE fa_vf fa_vexp2_parts(fa_vf n, fa_vf f) {
+/* 2^f for |f| <= 1/2 (a little more is fine): a degree-6 polynomial, a relative-error fit on [-1/2, 1/2] (fit
+ * error 2.0e-9). */
+FA_INLINE fa_vf fa_vexp2_frac(fa_vf f) {
     fa_vf p = fa_vset1(1.535336196e-04f);
     p = fa_vfma(p, f, fa_vset1(1.339887502e-03f));
     p = fa_vfma(p, f, fa_vset1(9.618436918e-03f));
@@ -126,8 +125,14 @@ FA_INLINE fa_vf fa_vexp2_parts(fa_vf n, fa_vf f) {
     p = fa_vfma(p, f, fa_vset1(2.402264774e-01f));
     p = fa_vfma(p, f, fa_vset1(6.931471825e-01f));
     p = fa_vfma(p, f, fa_vset1(1.0f));
+    return p;
+}
+
+/* 2^n 2^f for integral n in [-127, 127] and |f| <= 1/2: 2^f by fa_vexp2_frac, 2^n through the exponent bits
+ * (n = -127 gives 0). */
+FA_INLINE fa_vf fa_vexp2_parts(fa_vf n, fa_vf f) {
     fa_vi ni = __builtin_convertvector(n, fa_vi);
-    return p * (fa_vf)((ni + 127) << 23);
+    return fa_vexp2_frac(f) * (fa_vf)((ni + 127) << 23);
 }
 
 /* Rounds to the nearest integer, ties to even (|x| < 2^22). */
@@ -158,14 +163,7 @@ FA_INLINE fa_vf fa_vexp2_nonpos(fa_vf x) {
     fa_vf xc = fa_vmin(fa_vmax(x, fa_vset1(-127.0f)), fa_vset1(127.0f));
     fa_vf t = xc + shifter; /* in [2^23, 2^24): whole numbers, rounded to nearest */
     fa_vf f = xc - (t - shifter);
-    fa_vf p = fa_vset1(1.535336196e-04f);
-    p = fa_vfma(p, f, fa_vset1(1.339887502e-03f));
-    p = fa_vfma(p, f, fa_vset1(9.618436918e-03f));
-    p = fa_vfma(p, f, fa_vset1(5.550332367e-02f));
-    p = fa_vfma(p, f, fa_vset1(2.402264774e-01f));
-    p = fa_vfma(p, f, fa_vset1(6.931471825e-01f));
-    p = fa_vfma(p, f, fa_vset1(1.0f));
-    return p * (fa_vf)((fa_vi)t << 23);
+    return fa_vexp2_frac(f) * (fa_vf)((fa_vi)t << 23);
 }
 
 FA_INLINE fa_vf fa_vexp2(fa_vf x) {
