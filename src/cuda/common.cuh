@@ -206,38 +206,60 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
     }
 }
 
-/* The copies of one whole tile (every row valid) issued one at a time between other instructions, e.g. one per
- * k step of a product: the same thread / row / chunk split as fa_cp_async_tile. Issued back to back through
- * one address register, each copy's address update waits for the previous cp.async to read that register
- * (long-scoreboard stalls: a quarter of the d = 256 forward's samples in a rolled loop). Here kPtrs addresses
- * take turns, each advanced kPtrs row steps after its copy, so that update comes kPtrs copies later. */
+/* The copies of one whole tile (every row valid) issued a few at a time between other instructions, e.g. one
+ * group per k step of a product. A cp.async reads its address registers only when the memory pipe takes it, so
+ * whatever next writes those registers (an address update, or ptxas reusing them for an ldmatrix) waits for
+ * that (long-scoreboard stalls). Two thread splits:
+ *   kPtrs > 0  fa_cp_async_tile's split (one chunk column per thread, every kStep-th row); kPtrs row addresses
+ *              take turns, each advanced kPtrs row steps after its copy, so that update comes kPtrs copies later.
+ *   kPtrs < 0  slabs: a thread copies one chunk of each 64-column slab of a row (chunks c, c + 8, ..), all from
+ *              one address with immediate offsets (as are the shared-memory ones), and a row's copies go out
+ *              together: a quarter of the address arithmetic and of the moves into aligned register pairs,
+ *              and a warp instruction still covers whole 128-byte lines (4 rows x 128 bytes). */
 template <int kRows, int kCols, int kThreads, int kPtrs, typename T> struct fa_cp_async_stream {
     typedef fa_smem_tile<kRows, kCols> tile;
-    static_assert(kThreads % tile::kChunks == 0 && kRows % (kThreads / tile::kChunks) == 0, "stream split");
-    static constexpr int kStep   = kThreads / tile::kChunks;
-    static constexpr int kCopies = kRows / kStep; /* per thread */
+    static constexpr bool kSlabs  = kPtrs < 0;
+    static constexpr int  kPerRow = kSlabs ? kCols / 64 : 1;    /* copies per row and thread */
+    static constexpr int  kTPR    = kSlabs ? 8 : tile::kChunks; /* threads per row */
+    static_assert(!kSlabs || kCols % 64 == 0, "slabs: whole 64-column slabs");
+    static_assert(kThreads % kTPR == 0 && kRows % (kThreads / kTPR) == 0, "stream split");
+    static constexpr int kStep   = kThreads / kTPR;         /* rows between a thread's rows */
+    static constexpr int kCopies = kRows / kStep * kPerRow; /* per thread */
     uint32_t s;
-    const T *g[kPtrs];
-    int64_t  step; /* kPtrs row steps */
+    const T *g[kPtrs > 0 ? kPtrs : 1];
+    int64_t  step;     /* kPtrs row steps */
+    int32_t  row_step; /* slabs: kStep rows */
 
     __device__ __forceinline__ void init(uint32_t dst, const T *src, int64_t row_stride, int tid) {
-        const int row0 = tid / tile::kChunks, chunk = tid % tile::kChunks;
+        const int row0 = tid / kTPR, chunk = tid % kTPR;
         s = dst + tile::offset(row0, chunk);
+        if (kSlabs) {
+            g[0]     = src + (row0 * (int32_t)row_stride + chunk * 8);
+            row_step = kStep * (int32_t)row_stride;
+            return;
+        }
 #pragma unroll
         for (int r = 0; r < kPtrs; r++) g[r] = src + ((row0 + r * kStep) * (int32_t)row_stride + chunk * 8);
         step = kPtrs * kStep * row_stride;
     }
     /* Copy i (a compile-time constant after unrolling; copies must be issued in order 0, 1, ..). */
     __device__ __forceinline__ void copy(int i) {
+        if (kSlabs) {
+            const int r = i / kPerRow, j = i % kPerRow;
+            fa_cp_async_16(s + r * kStep * tile::kRowBytes + j * 128, g[0] + r * row_step + j * 64, true);
+            return;
+        }
         fa_cp_async_16(s + i * kStep * tile::kRowBytes, g[i % kPtrs], true);
         g[i % kPtrs] += step;
     }
-    /* The copies that belong to step `at` of a loop of `steps` (copy i at step i * steps / kCopies); steps at or
-     * past `steps` issue none, so a smaller `steps` front-loads the copies into a longer loop. */
+    /* The copies that belong to step `at` of a loop of `steps`: a thread's row r (its kPerRow copies) at step
+     * r * steps / rows; steps at or past `steps` issue none, so a smaller `steps` front-loads the copies into a
+     * longer loop. */
     __device__ __forceinline__ void copies_at(int at, int steps) {
+        constexpr int kRowsPerThread = kCopies / kPerRow;
 #pragma unroll
         for (int i = 0; i < kCopies; i++)
-            if (i * steps / kCopies == at) copy(i);
+            if (i / kPerRow * steps / kRowsPerThread == at) copy(i);
     }
 };
 

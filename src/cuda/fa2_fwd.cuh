@@ -61,7 +61,7 @@ typedef struct fa2_fwd_args {
  *   stages   K/V tiles in flight (2: the next tile is copied during this one; 1: V during QK^T, next K after)
  *   pipe     1: the Q K^T and P V products load the next step's fragments before this step's mma (two register
  *            sets; ptxas otherwise puts each ldmatrix right before its mma, whose wait then dominates: +5% at
- *            d = 128, +1-2% at d = 64, neutral at d = 256 on the H200)
+ *            d = 128, +1-2% at d = 64 and, with slab copies, at d = 256 on the H200)
  *   stream_v, stream_k  single stage only, 0: V (and the next K) copied all at once; v > 0: V's copies spread
  *            over the first 1 / v of the Q K^T product, the next K's over the first 1 / k of P V
  *            (fa_cp_async_stream; d = 256: +3-9%, d = 128: +1-2% on the H200)
@@ -92,7 +92,7 @@ typedef struct fa2_fwd_tile {
 #define FA2_FWD_TILE_192 64, 64, 64, 4, 1, 0, 0, 0
 #endif
 #ifndef FA2_FWD_TILE_256
-#define FA2_FWD_TILE_256 64, 64, 64, 4, 1, 0, 4, 1
+#define FA2_FWD_TILE_256 64, 64, 64, 4, 1, 1, 2, 2
 #endif
 
 /* The configurations of each head dim from the most shared memory to the least; the host takes the first that
@@ -183,11 +183,18 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     static_assert(RPW % 16 == 0 && SN % 16 == 0 && BN % SN == 0 && D % 16 == 0, "tile shape");
     static_assert(SN == BN || STAGES == 2, "single-stage K/V needs the whole block in one softmax step");
     static_assert(!PIPE || MT > 1 || D > 128, "the pipelined Q K^T takes Q from shared memory");
-    /* Single-stage K/V with stream_v > 0: V's copies spread over the Q K^T product, the next K's over P V, each
-     * through two alternating addresses. */
+    /* Single-stage K/V with stream_v > 0: V's copies spread over the Q K^T product, the next K's over P V
+     * (fa_cp_async_stream). */
     constexpr bool kStream = STAGES == 1 && STREAM_V > 0 && STREAM_K > 0;
     static_assert(!kStream || kThreads % (D / 8) == 0, "streamed copies: whole rows per group of threads");
-    typedef fa_cp_async_stream<BN, D, kStream ? kThreads : D / 8, 2, T> KVStream; /* (unused if not kStream) */
+    /* d = 256 copies by slabs (+2.5-4.5% over two alternating row addresses on the H200); d = 128 keeps the row
+     * addresses (with slabs it spills). FA2_STREAM_PTRS overrides it in tuning builds. */
+#ifndef FA2_STREAM_PTRS
+    constexpr int kStreamPtrs = !kStream || D < 256 ? 2 : -1;
+#else
+    constexpr int kStreamPtrs = FA2_STREAM_PTRS;
+#endif
+    typedef fa_cp_async_stream<BN, D, kStream ? kThreads : D / 8, kStreamPtrs, T> KVStream; /* (unused if not kStream) */
     constexpr int kVSteps = D / 16 / (STREAM_V > 0 ? STREAM_V : 1);            /* Q K^T steps that carry V's copies */
     constexpr int kKSteps = SN / 16 * (D / 16) / (STREAM_K > 0 ? STREAM_K : 1); /* P V steps that carry K's */
 
