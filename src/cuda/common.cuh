@@ -131,28 +131,34 @@ template <int N> static __device__ __forceinline__ void fa_cp_async_wait(void) {
 
 /* ---- shared-memory tiles of 16-bit elements ---- */
 
-/* A kRows x kCols tile of 16-bit elements (kCols a multiple of 8) with each row padded by 16 bytes. The row
- * stride is then 4 banks (mod 32) away from a multiple of 128 bytes, so the 8 rows an ldmatrix reads at one
- * 16-byte chunk, and the 16-byte chunks a quarter-warp of cp.async writes, fall in distinct banks; and every
- * fragment address is a per-lane base plus a compile-time constant (no swizzle arithmetic per access). */
-template <int kRows, int kCols> struct fa_smem_tile {
+/* A kRows x kCols tile of 16-bit elements (kCols a multiple of 8) in one of two layouts:
+ *   padded (kSwizzle = false): each row padded by 16 bytes. The row stride is then 4 banks (mod 32) away from
+ *     a multiple of 128 bytes, so the 8 rows an ldmatrix reads at one 16-byte chunk fall in distinct banks, and
+ *     every fragment address is a per-lane base plus a compile-time constant.
+ *   swizzled (kSwizzle, kCols a multiple of 64): unpadded rows; in each 128-byte segment of a row the 16-byte
+ *     chunk index is XORed with row % 8, which spreads the same 8 rows over the banks instead. A warp's cp.async
+ *     of whole segments then fills aligned 128-byte lines: into padded rows each such warp instruction costs
+ *     ~10 shared-memory wavefronts on the H200 where 4 would do (ncu).
+ * frag(base, R, C) is the address of (r + R, c + C) given base = the tile + offset(r, c), for R a multiple of
+ * 8 and, with the swizzle, C even and the lane's c = 2 w + (0 or 1) with w + C / 2 carry-free (w's bits below
+ * C / 2's lowest set bit): then the swizzle of C is one XOR on bits 5-6 of the base. */
+template <int kRows, int kCols, bool kSwizzle = false> struct fa_smem_tile {
     static_assert(kCols % 8 == 0, "tile width must be a multiple of 8 elements");
-    static constexpr int kRowBytes = kCols * 2 + 16;
+    static_assert(!kSwizzle || kCols % 64 == 0, "swizzled tiles: whole 128-byte segments");
+    static constexpr int kRowBytes = kSwizzle ? kCols * 2 : kCols * 2 + 16;
     static constexpr int kBytes    = kRows * kRowBytes;
     static constexpr int kChunks   = kCols / 8; /* 16-byte chunks per row */
 
     /* Byte offset of 16-byte chunk `chunk` of row `row`. */
     static __device__ __forceinline__ uint32_t offset(int row, int chunk) {
+        if (kSwizzle) return (uint32_t)(row * kRowBytes + ((chunk & ~7) | ((chunk ^ row) & 7)) * 16);
         return (uint32_t)(row * kRowBytes + chunk * 16);
     }
+    static __device__ __forceinline__ uint32_t frag(uint32_t base, int R, int C) {
+        if (kSwizzle) return (base ^ (uint32_t)((C & 6) << 4)) + (uint32_t)(R * kRowBytes + (C & ~7) * 16);
+        return base + offset(R, C);
+    }
 };
-
-/* XOR swizzle for unpadded tiles whose rows are 128-byte multiples: the chunk index XORed with row % 8 puts
- * 8 consecutive rows at one chunk in distinct banks (kept for kernels whose shared memory cannot spare the
- * padding). Returns the byte offset of (row, chunk) for rows of `row_bytes`. */
-static __device__ __forceinline__ uint32_t fa_swizzle_128(int row, int chunk, int row_bytes) {
-    return (uint32_t)(row * row_bytes + ((chunk & ~7) | ((chunk ^ row) & 7)) * 16);
-}
 
 /* Copies rows [0, kRows) of a row-major 16-bit global tile (row r at src + r * row_stride, kCols contiguous
  * elements) into an fa_smem_tile<kRows, kCols> at smem address dst, with cp.async from kThreads threads.

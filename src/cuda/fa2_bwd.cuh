@@ -260,47 +260,49 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
     }
 }
 
-/* cp.async of rows row0.. (ROWS of them, zeros at and past row_end) of one head of tensor t into a padded tile.
- * When NT is a multiple of DC, thread i copies chunk i % DC of rows i / DC + k * (NT / DC). */
-template <typename T, int DC, int ROWS, int NT>
+/* cp.async of rows row0.. (ROWS of them, zeros at and past row_end) of one head of tensor t into a tile of
+ * layout TL (fa_smem_tile). When NT is a multiple of DC, thread i copies chunk i % DC of rows i / DC + k (NT / DC). */
+template <typename T, typename TL, int ROWS, int NT>
 static __device__ __forceinline__ void bwd_load_tile(uint32_t dst, const fa_tensor &t, bool varlen, int b, int64_t tok,
                                                      int row0, int row_end, int h) {
+    constexpr int DC = TL::kChunks;
     if constexpr (NT % DC == 0 && (ROWS * DC) % NT == 0) {
         constexpr int STEP = NT / DC;
         const int c = threadIdx.x % DC, r = threadIdx.x / DC;
         const T *src = (const T *)t.data + bwd_row(t, varlen, b, tok, row0 + r, h) + c * 8;
         const int64_t step = (int64_t)STEP * t.stride_seq;
-        dst += fa_smem_tile<1, DC * 8>::offset(r, c);
+        const uint32_t base = dst + TL::offset(r, c);
         if (row0 + ROWS <= row_end) { /* a whole tile (most steps): no per-row checks or address selects */
 #pragma unroll
             for (int k = 0; k < ROWS / STEP; k++)
-                fa_cp_async_16(dst + fa_smem_tile<1, DC * 8>::offset(k * STEP, 0), src + k * step, true);
+                fa_cp_async_16(STEP % 8 == 0 ? TL::frag(base, k * STEP, 0) : dst + TL::offset(r + k * STEP, c),
+                               src + k * step, true);
             return;
         }
 #pragma unroll
         for (int k = 0; k < ROWS / STEP; k++) {
             const bool ok = row0 + r + k * STEP < row_end;
-            fa_cp_async_16(dst + fa_smem_tile<1, DC * 8>::offset(k * STEP, 0), ok ? src + k * step : (const T *)t.data,
-                           ok);
+            fa_cp_async_16(STEP % 8 == 0 ? TL::frag(base, k * STEP, 0) : dst + TL::offset(r + k * STEP, c),
+                           ok ? src + k * step : (const T *)t.data, ok);
         }
     } else {
         for (int i = threadIdx.x; i < ROWS * DC; i += NT) {
             const int r = i / DC, c = i % DC;
             const bool ok = row0 + r < row_end;
             const T *src = ok ? (const T *)t.data + bwd_row(t, varlen, b, tok, row0 + r, h) + c * 8 : (const T *)t.data;
-            fa_cp_async_16(dst + fa_smem_tile<1, DC * 8>::offset(r, c), src, ok);
+            fa_cp_async_16(dst + TL::offset(r, c), src, ok);
         }
     }
 }
 
 /* Issues the cp.async loads of a step: Q and dO rows m0.. of query head hq (zeros past the sequence), LSE2 and
  * D into fp32 arrays. */
-template <typename T, int D, int BM, int NT>
+template <typename T, typename TL, int BM, int NT>
 static __device__ __forceinline__ void bwd_load_step(const fa2_bwd_args &a, const bwd_seq &s, int b, int hq, int m0,
                                                      uint32_t q_dst, uint32_t do_dst, float *lse_dst, float *ds_dst) {
     const bool varlen = a.cu_seqlens_q != nullptr;
-    bwd_load_tile<T, D / 8, BM, NT>(q_dst, a.q, varlen, b, s.tok_q, m0, s.len_q, hq);
-    bwd_load_tile<T, D / 8, BM, NT>(do_dst, a.dout, varlen, b, s.tok_q, m0, s.len_q, hq);
+    bwd_load_tile<T, TL, BM, NT>(q_dst, a.q, varlen, b, s.tok_q, m0, s.len_q, hq);
+    bwd_load_tile<T, TL, BM, NT>(do_dst, a.dout, varlen, b, s.tok_q, m0, s.len_q, hq);
     if (threadIdx.x < BM) {
         const int i = threadIdx.x;
         const bool ok = m0 + i < s.len_q;
@@ -315,7 +317,7 @@ static __device__ __forceinline__ void bwd_load_step(const fa2_bwd_args &a, cons
  * dQ warp column wn owns groups WQN * j + wn. */
 
 /* acc = A B^T over the head dim, for one warp: KR m16 tiles of A rows (K or V) times QW columns of B rows
- * (Q or dO), both in TD's padded layout with the lane's ldmatrix offsets folded into the base addresses.
+ * (Q or dO), both in TD's layout (fa_smem_tile) with the lane's ldmatrix offsets folded into the base addresses.
  * S^T = K Q^T and dP^T = V dO^T are both this product. */
 template <typename T, typename TD, int D, int KR, int QW>
 static __device__ __forceinline__ void bwd_rows_x_rows(float (&acc)[KR][QW / 8][4], uint32_t a_base,
@@ -331,11 +333,11 @@ static __device__ __forceinline__ void bwd_rows_x_rows(float (&acc)[KR][QW / 8][
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t a[KR][4];
 #pragma unroll
-        for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(a[mr], a_base + TD::offset(mr * 16, 2 * kk));
+        for (int mr = 0; mr < KR; mr++) fa_ldmatrix_x4(a[mr], TD::frag(a_base, mr * 16, 2 * kk));
 #pragma unroll
         for (int jp = 0; jp < QW / 16; jp++) {
             uint32_t bf[4];
-            fa_ldmatrix_x4(bf, b_base + TD::offset(jp * 16, 2 * kk));
+            fa_ldmatrix_x4(bf, TD::frag(b_base, jp * 16, 2 * kk));
 #pragma unroll
             for (int mr = 0; mr < KR; mr++) {
                 dt::mma(acc[mr][2 * jp], a[mr], bf[0], bf[1]);
@@ -370,7 +372,6 @@ template <typename T, int D, int BM, int KR, int WK, int WD, int WQM, int DQ_CHU
 __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_bwd_args a) {
     constexpr int KW = 16 * KR; /* keys per warp stripe */
     constexpr int BN = KW * WK, NWARPS = WK * WD, NT = NWARPS * 32;
-    constexpr int DC = D / 8;   /* 16-byte chunks per row of Q, K, V, dO */
     constexpr int QW = BM / WD; /* queries per warp in S^T, dP^T */
     constexpr int DW = D / WD;  /* dK, dV columns per warp */
     constexpr int WQN = NWARPS / WQM;
@@ -384,7 +385,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
     typedef fa_elem<T> dt;
 
     extern __shared__ __align__(128) unsigned char bwd_smem[];
-    constexpr int RD = D + 8, RM = BM + 8; /* padded row lengths (fa_smem_tile) */
+    constexpr int RD = D + 8, RM = BM + 8; /* padded row lengths: the allocation (a swizzled tile uses D of each RD) */
     T *sK = reinterpret_cast<T *>(bwd_smem);
     T *sV = sK + BN * RD;
     T *sQ = sV + BN * RD;       /* QB buffers */
@@ -417,7 +418,12 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
     /* per-lane byte offsets of the ldmatrix patterns: lane l addresses row l % 8 of matrix l / 8 */
     const int c_l = lane >> 4, c_b = (lane >> 3) & 1;
     const int r_a = lane & 15, r_b = (lane & 7) + ((lane >> 4) << 3);
-    typedef fa_smem_tile<BN, D> td;
+    /* K, V, Q, dO tiles: swizzled where the head dim is whole 128-byte segments (their cp.async fill aligned
+     * lines, fa_smem_tile; on the H200 +3-5% at d = 64, +5-8% at d = 256, neutral at 128), else padded. frag()
+     * needs the column groups of a warp's lane base carry-free. */
+    constexpr bool kSwizzle = D % 64 == 0;
+    static_assert(!kSwizzle || (WD <= 4 && WQN <= 4), "swizzled fragments: warp column groups within a segment");
+    typedef fa_smem_tile<BN, D, kSwizzle> td;
     typedef fa_smem_tile<BN, BM> tm;
     const uint32_t o_kv = td::offset(kw * KW + r_a, c_l);      /* A of S^T, dP^T: K, V rows kw*KW.. */
     const uint32_t o_qb = td::offset(wh * QW + r_b, c_b);      /* B of S^T, dP^T: Q, dO rows wh*QW.. */
@@ -442,9 +448,9 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
 
         __syncthreads(); /* the previous key block's last step is done with sK, sV, sdS */
         if (nsteps > 0) {
-            bwd_load_tile<T, DC, BN, NT>(aK, a.k, varlen, b, s.tok_k, n0, s.len_k, hk);
-            bwd_load_tile<T, DC, BN, NT>(aV, a.v, varlen, b, s.tok_k, n0, s.len_k, hk);
-            bwd_load_step<T, D, BM, NT>(a, s, b, hk * a.group, mb_lo * BM, aQ, adO, sLSE, sDs);
+            bwd_load_tile<T, td, BN, NT>(aK, a.k, varlen, b, s.tok_k, n0, s.len_k, hk);
+            bwd_load_tile<T, td, BN, NT>(aV, a.v, varlen, b, s.tok_k, n0, s.len_k, hk);
+            bwd_load_step<T, td, BM, NT>(a, s, b, hk * a.group, mb_lo * BM, aQ, adO, sLSE, sDs);
         }
         fa_cp_async_commit();
 
@@ -467,7 +473,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
             __syncthreads(); /* step t's tiles have landed; step t-1 is done with the other buffer and sdS */
             if (QB == 2) {
                 if (t + 1 < nsteps)
-                    bwd_load_step<T, D, BM, NT>(a, s, b, hq + next_head, next_head ? mb_lo * BM : m0 + BM,
+                    bwd_load_step<T, td, BM, NT>(a, s, b, hq + next_head, next_head ? mb_lo * BM : m0 + BM,
                                                 aQ + 2 * (buf ^ 1) * BM * RD, adO + 2 * (buf ^ 1) * BM * RD,
                                                 sLSE + (buf ^ 1) * BM, sDs + (buf ^ 1) * BM);
                 fa_cp_async_commit();
@@ -614,13 +620,13 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
 #pragma unroll
                     for (int np = 0; np < DW / 16; np++) {
                         uint32_t bo[4], bq[4];
-                        fa_ldmatrix_x4_trans(bo, adOb + o_qt + b_part + td::offset(ks * 16, 2 * WD * np));
+                        fa_ldmatrix_x4_trans(bo, td::frag(adOb + o_qt + b_part, ks * 16, 2 * WD * np));
 #pragma unroll
                         for (int mr = 0; mr < KR; mr++) {
                             dt::mma(dv[mr][2 * np], ap[mr], bo[0], bo[1]);
                             dt::mma(dv[mr][2 * np + 1], ap[mr], bo[2], bo[3]);
                         }
-                        fa_ldmatrix_x4_trans(bq, aQb + o_qt + b_part + td::offset(ks * 16, 2 * WD * np));
+                        fa_ldmatrix_x4_trans(bq, td::frag(aQb + o_qt + b_part, ks * 16, 2 * WD * np));
 #pragma unroll
                         for (int mr = 0; mr < KR; mr++) {
                             dt::mma(dk[mr][2 * np], ad[mr], bq[0], bq[1]);
@@ -636,7 +642,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
             /* QB = 1: the next step's loads into the only buffer, under the dQ product */
             if (QB == 1) {
                 if (t + 1 < nsteps)
-                    bwd_load_step<T, D, BM, NT>(a, s, b, hq + next_head, next_head ? mb_lo * BM : m0 + BM, aQ, adO,
+                    bwd_load_step<T, td, BM, NT>(a, s, b, hq + next_head, next_head ? mb_lo * BM : m0 + BM, aQ, adO,
                                                 sLSE, sDs);
                 fa_cp_async_commit();
             }
@@ -668,7 +674,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
 #pragma unroll
                     for (int j = 0; j < NG; j++) {
                         uint32_t bk[4];
-                        fa_ldmatrix_x4_trans(bk, aK + o_kt + td::offset(kk * 16, 2 * WQN * (ch * NG + j)));
+                        fa_ldmatrix_x4_trans(bk, td::frag(aK + o_kt, kk * 16, 2 * WQN * (ch * NG + j)));
 #pragma unroll
                         for (int mt = 0; mt < MW / 16; mt++) {
                             dt::mma(qacc[mt][2 * j], as[mt], bk[0], bk[1]);
