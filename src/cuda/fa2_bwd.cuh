@@ -423,6 +423,8 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
      * needs the column groups of a warp's lane base carry-free. */
     constexpr bool kSwizzle = D % 64 == 0;
     static_assert(!kSwizzle || (WD <= 4 && WQN <= 4), "swizzled fragments: warp column groups within a segment");
+    static_assert(!kSwizzle || (BN * RD * 2 % 128 == 0 && BM * RD * 2 % 128 == 0),
+                  "swizzled tiles start 128-byte aligned (frag XORs bits 5-6 of the address)");
     typedef fa_smem_tile<BN, D, kSwizzle> td;
     typedef fa_smem_tile<BN, BM> tm;
     const uint32_t o_kv = td::offset(kw * KW + r_a, c_l);      /* A of S^T, dP^T: K, V rows kw*KW.. */
