@@ -260,6 +260,13 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
     }
 }
 
+/* Address of row r + k STEP, chunk c of tile TL at dst, given base = dst + TL::offset(r, c): one add (or, for a
+ * swizzled tile and STEP not a multiple of 8, the full offset). */
+template <typename TL, int STEP>
+static __device__ __forceinline__ uint32_t bwd_tile_row(uint32_t dst, uint32_t base, int r, int c, int k) {
+    return STEP % 8 == 0 ? TL::frag(base, k * STEP, 0) : dst + TL::offset(r + k * STEP, c);
+}
+
 /* cp.async of rows row0.. (ROWS of them, zeros at and past row_end) of one head of tensor t into a tile of
  * layout TL (fa_smem_tile). When NT is a multiple of DC, thread i copies chunk i % DC of rows i / DC + k (NT / DC). */
 template <typename T, typename TL, int ROWS, int NT>
@@ -275,15 +282,13 @@ static __device__ __forceinline__ void bwd_load_tile(uint32_t dst, const fa_tens
         if (row0 + ROWS <= row_end) { /* a whole tile (most steps): no per-row checks or address selects */
 #pragma unroll
             for (int k = 0; k < ROWS / STEP; k++)
-                fa_cp_async_16(STEP % 8 == 0 ? TL::frag(base, k * STEP, 0) : dst + TL::offset(r + k * STEP, c),
-                               src + k * step, true);
+                fa_cp_async_16(bwd_tile_row<TL, STEP>(dst, base, r, c, k), src + k * step, true);
             return;
         }
 #pragma unroll
         for (int k = 0; k < ROWS / STEP; k++) {
             const bool ok = row0 + r + k * STEP < row_end;
-            fa_cp_async_16(STEP % 8 == 0 ? TL::frag(base, k * STEP, 0) : dst + TL::offset(r + k * STEP, c),
-                           ok ? src + k * step : (const T *)t.data, ok);
+            fa_cp_async_16(bwd_tile_row<TL, STEP>(dst, base, r, c, k), ok ? src + k * step : (const T *)t.data, ok);
         }
     } else {
         for (int i = threadIdx.x; i < ROWS * DC; i += NT) {
