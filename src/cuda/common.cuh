@@ -139,12 +139,15 @@ template <int N> static __device__ __forceinline__ void fa_cp_async_wait(void) {
  *     chunk index is XORed with row % 8, which spreads the same 8 rows over the banks instead. A warp's cp.async
  *     of whole segments then fills aligned 128-byte lines: into padded rows each such warp instruction costs
  *     ~10 shared-memory wavefronts on the H200 where 4 would do (ncu).
- * frag(base, R, C) is the address of (r + R, c + C) given base = the tile + offset(r, c), for R a multiple of
- * 8 and, with the swizzle, C even and the lane's c = 2 w + (0 or 1) with w + C / 2 carry-free (w's bits below
- * C / 2's lowest set bit): then the swizzle of C is one XOR on bits 5-6 of the base. */
-template <int kRows, int kCols, bool kSwizzle = false> struct fa_smem_tile {
-    static_assert(kCols % 8 == 0, "tile width must be a multiple of 8 elements");
-    static_assert(!kSwizzle || kCols % 64 == 0, "swizzled tiles: whole 128-byte segments");
+ * frag(base, R, C) is the address of (r + R, c + C) given base = the tile + offset(r, c), for, with the swizzle,
+ * r % 8 + R % 8 carry-free (R a multiple of 8, or r below R's lowest set bit), C even and the lane's
+ * c = 2 w + (0 or 1) with w + C / 2 carry-free (w's bits below C / 2's lowest set bit): then the swizzle of R
+ * and C is one XOR on bits 4-6 of the base. */
+template <int ROWS, int COLS, bool kSwizzle = false> struct fa_smem_tile {
+    static_assert(COLS % 8 == 0, "tile width must be a multiple of 8 elements");
+    static_assert(!kSwizzle || COLS % 64 == 0, "swizzled tiles: whole 128-byte segments");
+    static constexpr int  kRows = ROWS, kCols = COLS;
+    static constexpr bool kSwizzled = kSwizzle;
     static constexpr int kRowBytes = kSwizzle ? kCols * 2 : kCols * 2 + 16;
     static constexpr int kBytes    = kRows * kRowBytes;
     static constexpr int kChunks   = kCols / 8; /* 16-byte chunks per row */
@@ -155,28 +158,30 @@ template <int kRows, int kCols, bool kSwizzle = false> struct fa_smem_tile {
         return (uint32_t)(row * kRowBytes + chunk * 16);
     }
     static __device__ __forceinline__ uint32_t frag(uint32_t base, int R, int C) {
-        if (kSwizzle) return (base ^ (uint32_t)((C & 6) << 4)) + (uint32_t)(R * kRowBytes + (C & ~7) * 16);
+        if (kSwizzle)
+            return (base ^ (uint32_t)(((R & 7) ^ (C & 6)) << 4)) + (uint32_t)(R * kRowBytes + (C & ~7) * 16);
         return base + offset(R, C);
     }
 };
 
-/* Copies rows [0, kRows) of a row-major 16-bit global tile (row r at src + r * row_stride, kCols contiguous
- * elements) into an fa_smem_tile<kRows, kCols> at smem address dst, with cp.async from kThreads threads.
- * Rows >= rows_valid are zero-filled and not read. Commits nothing: the caller groups copies.
- * Needs kRows * row_stride < 2^31 (a thread's offset inside the tile is 32-bit: keeping registers for 64-bit
+/* Copies rows [0, rows of TL) of a row-major 16-bit global tile (row r at src + r * row_stride, contiguous
+ * elements) into the shared-memory tile TL (an fa_smem_tile) at smem address dst, with cp.async from kThreads
+ * threads. Rows >= rows_valid are zero-filled and not read. Commits nothing: the caller groups copies.
+ * Needs rows * row_stride < 2^31 (a thread's offset inside the tile is 32-bit: keeping registers for 64-bit
  * per-thread addresses alive across a kernel's main loop costs spills). */
-template <int kRows, int kCols, int kThreads, typename T>
+template <typename TL, int kThreads, typename T>
 static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *src, int64_t row_stride,
                                                         int rows_valid, int tid) {
-    typedef fa_smem_tile<kRows, kCols> tile;
-    constexpr int kTotal = kRows * tile::kChunks;
+    constexpr int kRows  = TL::kRows;
+    constexpr int kTotal = kRows * TL::kChunks;
     static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among the threads");
-    if constexpr (kThreads % tile::kChunks == 0) {
+    if constexpr (kThreads % TL::kChunks == 0) {
         /* Each thread copies one chunk column, every kStep-th row. The loop stays rolled: unrolled, the
          * compiler keeps one address per copy alive. */
-        constexpr int kStep = kThreads / tile::kChunks;
-        const int     row0 = tid / tile::kChunks, chunk = tid % tile::kChunks;
-        uint32_t      s    = dst + tile::offset(row0, chunk);
+        constexpr int kStep = kThreads / TL::kChunks;
+        static_assert((kStep & (kStep - 1)) == 0, "a power-of-two row step (swizzled rows: row0 + i kStep carry-free)");
+        const int     row0 = tid / TL::kChunks, chunk = tid % TL::kChunks;
+        const uint32_t s   = dst + TL::offset(row0, chunk);
         const T      *g    = src + (row0 * (int32_t)row_stride + chunk * 8);
         const int64_t step = kStep * row_stride;
         /* A whole tile of at most FA_CP_ASYNC_UNROLL_MAX copies per thread: unrolled, without row checks (the
@@ -186,16 +191,20 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
             if (rows_valid >= kRows) {
 #pragma unroll
                 for (int i = 0; i < kTotal / kThreads; i++) {
-                    fa_cp_async_16(s + i * kStep * tile::kRowBytes, g, true);
+                    fa_cp_async_16(TL::frag(s, i * kStep, 0), g, true);
                     g += step;
                 }
                 return;
             }
-        int left = rows_valid - row0; /* rows left for this thread, counting from its current row */
+        /* (stepping a swizzled row address kStep rows at a time: kStep % 8 in {0, 4} keeps (row0 + i kStep) % 8
+         * = row0 % 8 ^ (i kStep) % 8 one XOR per step) */
+        static_assert(!TL::kSwizzled || kStep % 4 == 0, "swizzled rows: a row step of 4 or a multiple of 8");
+        int      left = rows_valid - row0; /* rows left for this thread, counting from its current row */
+        uint32_t si   = s;
 #pragma unroll 1
         for (int i = 0; i < kTotal / kThreads; i++) {
-            fa_cp_async_16(s, left > 0 ? g : src, left > 0);
-            s += kStep * tile::kRowBytes;
+            fa_cp_async_16(si, left > 0 ? g : src, left > 0);
+            si = TL::frag(si, kStep, 0);
             g += step;
             left -= kStep;
         }
@@ -203,10 +212,10 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
 #pragma unroll
         for (int i = 0; i < kTotal / kThreads; i++) {
             const int  idx   = tid + i * kThreads;
-            const int  row   = idx / tile::kChunks;
-            const int  chunk = idx % tile::kChunks;
+            const int  row   = idx / TL::kChunks;
+            const int  chunk = idx % TL::kChunks;
             const bool valid = row < rows_valid;
-            fa_cp_async_16(dst + tile::offset(row, chunk), valid ? src + (row * (int32_t)row_stride + chunk * 8) : src,
+            fa_cp_async_16(dst + TL::offset(row, chunk), valid ? src + (row * (int32_t)row_stride + chunk * 8) : src,
                            valid);
         }
     }
@@ -222,14 +231,16 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
  *              one address with immediate offsets (as are the shared-memory ones), and a row's copies go out
  *              together: a quarter of the address arithmetic and of the moves into aligned register pairs,
  *              and a warp instruction still covers whole 128-byte lines (4 rows x 128 bytes). */
-template <int kRows, int kCols, int kThreads, int kPtrs, typename T> struct fa_cp_async_stream {
-    typedef fa_smem_tile<kRows, kCols> tile;
+template <typename TL, int kThreads, int kPtrs, typename T> struct fa_cp_async_stream {
+    typedef TL tile;
+    static constexpr int kRows = TL::kRows, kCols = TL::kCols;
     static constexpr bool kSlabs  = kPtrs < 0;
     static constexpr int  kPerRow = kSlabs ? kCols / 64 : 1;    /* copies per row and thread */
     static constexpr int  kTPR    = kSlabs ? 8 : tile::kChunks; /* threads per row */
     static_assert(!kSlabs || kCols % 64 == 0, "slabs: whole 64-column slabs");
     static_assert(kThreads % kTPR == 0 && kRows % (kThreads / kTPR) == 0, "stream split");
     static constexpr int kStep   = kThreads / kTPR;         /* rows between a thread's rows */
+    static_assert((kStep & (kStep - 1)) == 0, "a power-of-two row step (swizzled rows: row0 + i kStep carry-free)");
     static constexpr int kCopies = kRows / kStep * kPerRow; /* per thread */
     uint32_t s;
     const T *g[kPtrs > 0 ? kPtrs : 1];
@@ -239,24 +250,24 @@ template <int kRows, int kCols, int kThreads, int kPtrs, typename T> struct fa_c
     __device__ __forceinline__ void init(uint32_t dst, const T *src, int64_t row_stride, int tid) {
         const int row0 = tid / kTPR, chunk = tid % kTPR;
         s = dst + tile::offset(row0, chunk);
-        if (kSlabs) {
+        if constexpr (kSlabs) {
             g[0]     = src + (row0 * (int32_t)row_stride + chunk * 8);
             row_step = kStep * (int32_t)row_stride;
-            return;
-        }
+        } else {
 #pragma unroll
-        for (int r = 0; r < kPtrs; r++) g[r] = src + ((row0 + r * kStep) * (int32_t)row_stride + chunk * 8);
-        step = kPtrs * kStep * row_stride;
+            for (int r = 0; r < kPtrs; r++) g[r] = src + ((row0 + r * kStep) * (int32_t)row_stride + chunk * 8);
+            step = kPtrs * kStep * row_stride;
+        }
     }
     /* Copy i (a compile-time constant after unrolling; copies must be issued in order 0, 1, ..). */
     __device__ __forceinline__ void copy(int i) {
-        if (kSlabs) {
+        if constexpr (kSlabs) {
             const int r = i / kPerRow, j = i % kPerRow;
-            fa_cp_async_16(s + r * kStep * tile::kRowBytes + j * 128, g[0] + r * row_step + j * 64, true);
-            return;
+            fa_cp_async_16(tile::frag(s, r * kStep, j * 8), g[0] + r * row_step + j * 64, true);
+        } else {
+            fa_cp_async_16(tile::frag(s, i * kStep, 0), g[i % kPtrs], true);
+            g[i % kPtrs] += step;
         }
-        fa_cp_async_16(s + i * kStep * tile::kRowBytes, g[i % kPtrs], true);
-        g[i % kPtrs] += step;
     }
     /* The copies that belong to step `at` of a loop of `steps`: a thread's row r (its kPerRow copies) at step
      * r * steps / rows; steps at or past `steps` issue none, so a smaller `steps` front-loads the copies into a

@@ -7,7 +7,7 @@
  * memory and walks the key/value blocks it can see from the last to the first, so the blocks that need a mask
  * (the sequence tail and the causal diagonal) come first. Each warp owns block_m / warps whole query rows
  * ("split-Q"): its row max and row sum never leave the warp. Per key block:
- *   S = Q K^T            mma.sync m16n8k16, Q and K fragments by ldmatrix from padded shared memory (Q held
+ *   S = Q K^T            mma.sync m16n8k16, Q and K fragments by ldmatrix from shared memory (Q held
  *                        in registers when a warp has a single m16 tile)
  *   mask / softcap / ALiBi only on blocks that need them (a warp-uniform branch)
  *   online softmax       m and l in log2 units; exp2(s * scale * log2(e) - m) is one FFMA and one MUFU op;
@@ -65,10 +65,10 @@ typedef struct fa2_fwd_args {
  *   stream_v, stream_k  single stage only, 0: V (and the next K) copied all at once; v > 0: V's copies spread
  *            over the first 1 / v of the Q K^T product, the next K's over the first 1 / k of P V
  *            (fa_cp_async_stream; d = 256: +3-9%, d = 128: +1-2% on the H200)
- * Shared memory = (block_m + 2 * stages * block_n) * (2 * d + 16) bytes (rows padded by 16 bytes); the kernel
- * has no static shared memory. O takes (block_m / warps / 16) * d / 2 fp32 registers per thread. Each warp
- * needs two m16 tiles of rows to feed the tensor cores from shared memory: with one, ldmatrix traffic per mma
- * doubles.
+ * Shared memory = (block_m + 2 * stages * block_n) * (2 * d + 16) bytes (rows padded by 16 bytes; 2 d at d = 256,
+ * whose tiles are swizzled instead: fa2_fwd_swizzled); the kernel has no static shared memory. O takes
+ * (block_m / warps / 16) * d / 2 fp32 registers per thread. Each warp needs two m16 tiles of rows to feed the
+ * tensor cores from shared memory: with one, ldmatrix traffic per mma doubles.
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct fa2_fwd_tile {
     int d, block_m, block_n, step_n, warps, stages, pipe, stream_v, stream_k;
@@ -111,15 +111,26 @@ static constexpr fa2_fwd_tile fa2_fwd_tiles[] = {
                                 two blocks of an SM hide each other's loads, and it spills less) */
     {192, FA2_FWD_TILE_192}, /* 75 KB [64 x 64]: every part; single-stage so that two blocks share an H200 SM;
                                 one m16 tile per warp (O 96 registers) */
-    {256, FA2_FWD_TILE_256}, /* 99 KB [64 x 64]: every part, exactly the 99 KB parts' limit; single-stage: two
+    {256, FA2_FWD_TILE_256}, /* 96 KB [64 x 64]: every part (the 99 KB parts too); single-stage: two
                                 blocks per H200 SM hide each other's loads (O alone is 128 registers) */
-    {256, 64, 32, 32, 4, 1, 0, 0, 0}, /* 66 KB [64 x 32]: below 99 KB (a limit set by FLASHATTN_SMEM_LIMIT); half the
+    {256, 64, 32, 32, 4, 1, 0, 0, 0}, /* 64 KB [64 x 32]: below 99 KB (a limit set by FLASHATTN_SMEM_LIMIT); half the
                                    keys per tile */
 };
 #define FA2_FWD_NTILES ((int)(sizeof(fa2_fwd_tiles) / sizeof(fa2_fwd_tiles[0])))
 
+/* Q, K and V tiles XOR-swizzled (fa_smem_tile) at d = 256, else rows padded by 16 bytes. Swizzled, a warp's
+ * cp.async fills aligned 128-byte lines (4 shared-memory wavefronts instead of ~10), but each fragment address
+ * of a product becomes one of four XORed bases: on the H200 +0.5-3% at d = 256, neutral at 64, -4% at 128
+ * (its pipelined kernel spills more). Tuning builds: -DFA2_FWD_SWIZZLE_MIN_D=64 swizzles every multiple of 64. */
+#ifndef FA2_FWD_SWIZZLE_MIN_D
+#define FA2_FWD_SWIZZLE_MIN_D 256
+#endif
+static constexpr __host__ __device__ bool fa2_fwd_swizzled(int d) {
+    return d % 64 == 0 && d >= FA2_FWD_SWIZZLE_MIN_D;
+}
+
 static constexpr size_t fa2_fwd_smem_bytes(const fa2_fwd_tile &t) {
-    return (size_t)(2 * t.d + 16) * (t.block_m + 2 * t.stages * t.block_n);
+    return (size_t)(2 * t.d + (fa2_fwd_swizzled(t.d) ? 0 : 16)) * (t.block_m + 2 * t.stages * t.block_n);
 }
 
 /* One launcher per head dim (fa2_fwd_hdim*.cu): runs configuration `tile` (an index into fa2_fwd_tiles, a row
@@ -172,8 +183,9 @@ static __device__ __forceinline__ fa2_seq fa2_seq_get(const fa2_fwd_args &a, int
 template <typename T, int D, int BM, int BN, int SN, int NW, int STAGES, bool PIPE, int STREAM_V, int STREAM_K>
 __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant__ fa2_fwd_args a) {
     typedef fa_elem<T>           E;
-    typedef fa_smem_tile<BM, D>  QTile;
-    typedef fa_smem_tile<BN, D>  KVTile;
+    constexpr bool kSwizzle = fa2_fwd_swizzled(D);
+    typedef fa_smem_tile<BM, D, kSwizzle> QTile;
+    typedef fa_smem_tile<BN, D, kSwizzle> KVTile;
     constexpr int kThreads = NW * 32;
     constexpr int RPW      = BM / NW; /* query rows per warp */
     constexpr int MT       = RPW / 16; /* m16 tiles per warp */
@@ -194,7 +206,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 #else
     constexpr int kStreamPtrs = FA2_STREAM_PTRS;
 #endif
-    typedef fa_cp_async_stream<BN, D, kStream ? kThreads : D / 8, kStreamPtrs, T> KVStream; /* (unused if not kStream) */
+    typedef fa_cp_async_stream<KVTile, kStream ? kThreads : D / 8, kStreamPtrs, T> KVStream; /* (unused if not kStream) */
     constexpr int kVSteps = D / 16 / (STREAM_V > 0 ? STREAM_V : 1);            /* Q K^T steps that carry V's copies */
     constexpr int kKSteps = SN / 16 * (D / 16) / (STREAM_K > 0 ? STREAM_K : 1); /* P V steps that carry K's */
 
@@ -257,10 +269,10 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     }
 
     int n = n_hi - 1;
-    fa_cp_async_tile<BM, D, kThreads>(sQ, (const T *)a.q + sq.q + h * a.q_head + m0 * a.q_row, a.q_row, rows_q, tid);
-    fa_cp_async_tile<BN, D, kThreads>(sKV, k + (int64_t)n * BN * a.k_row, a.k_row, len_k - n * BN, tid);
+    fa_cp_async_tile<QTile, kThreads>(sQ, (const T *)a.q + sq.q + h * a.q_head + m0 * a.q_row, a.q_row, rows_q, tid);
+    fa_cp_async_tile<KVTile, kThreads>(sKV, k + (int64_t)n * BN * a.k_row, a.k_row, len_k - n * BN, tid);
     if (STAGES == 2)
-        fa_cp_async_tile<BN, D, kThreads>(sKV + KVTile::kBytes, v + (int64_t)n * BN * a.v_row, a.v_row,
+        fa_cp_async_tile<KVTile, kThreads>(sKV + KVTile::kBytes, v + (int64_t)n * BN * a.v_row, a.v_row,
                                           len_k - n * BN, tid);
     fa_cp_async_commit();
 
@@ -273,7 +285,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
         __syncthreads();
         const uint32_t q_addr = sQ + QTile::offset(warp * RPW + lane % 16, lane / 16);
 #pragma unroll
-        for (int ks = 0; ks < (kQInRegs ? D / 16 : 0); ks++) fa_ldmatrix_x4(qreg[ks], q_addr + QTile::offset(0, ks * 2));
+        for (int ks = 0; ks < (kQInRegs ? D / 16 : 0); ks++) fa_ldmatrix_x4(qreg[ks], QTile::frag(q_addr, 0, ks * 2));
     }
 
     uint32_t stage_off = 0; /* byte offset of this block's K/V stage */
@@ -290,7 +302,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
             if (v_stream)
                 kv_stream.init(sV, v + (int64_t)n * BN * a.v_row, a.v_row, tid);
             else
-                fa_cp_async_tile<BN, D, kThreads>(sV, v + (int64_t)n * BN * a.v_row, a.v_row, len_k - n * BN, tid);
+                fa_cp_async_tile<KVTile, kThreads>(sV, v + (int64_t)n * BN * a.v_row, a.v_row, len_k - n * BN, tid);
             if (!kStream) fa_cp_async_commit();
         }
 
@@ -318,7 +330,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                     uint32_t kb[2][4], qa[2][MT][4];
                     fa_ldmatrix_x4(kb[0], k_addr);
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) fa_ldmatrix_x4(qa[0][mt], q_addr + QTile::offset(mt * 16, 0));
+                    for (int mt = 0; mt < MT; mt++) fa_ldmatrix_x4(qa[0][mt], QTile::frag(q_addr, mt * 16, 0));
 #pragma unroll
                     for (int ks = 0; ks < D / 16; ks++)
 #pragma unroll
@@ -327,11 +339,11 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                             if (np == 0 && v_stream) kv_stream.copies_at(ks, kVSteps);
                             if (i + 1 < kSteps)
                                 fa_ldmatrix_x4(kb[(i + 1) & 1],
-                                               k_addr + KVTile::offset((i + 1) % NP * 16, (i + 1) / NP * 2));
+                                               KVTile::frag(k_addr, (i + 1) % NP * 16, (i + 1) / NP * 2));
                             if (np == NP - 1 && ks + 1 < D / 16)
 #pragma unroll
                                 for (int mt = 0; mt < MT; mt++)
-                                    fa_ldmatrix_x4(qa[(ks + 1) & 1][mt], q_addr + QTile::offset(mt * 16, (ks + 1) * 2));
+                                    fa_ldmatrix_x4(qa[(ks + 1) & 1][mt], QTile::frag(q_addr, mt * 16, (ks + 1) * 2));
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++) {
                                 E::mma(s[mt][2 * np], qa[ks & 1][mt], kb[i & 1][0], kb[i & 1][1]);
@@ -349,12 +361,12 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 #pragma unroll
                                 for (int e = 0; e < 4; e++) qa[mt][e] = qreg[kQInRegs ? ks : 0][e];
                             else
-                                fa_ldmatrix_x4(qa[mt], q_addr + QTile::offset(mt * 16, ks * 2));
+                                fa_ldmatrix_x4(qa[mt], QTile::frag(q_addr, mt * 16, ks * 2));
                         }
 #pragma unroll
                         for (int np = 0; np < NT / 2; np++) {
                             uint32_t kb[4];
-                            fa_ldmatrix_x4(kb, k_addr + KVTile::offset(np * 16, ks * 2));
+                            fa_ldmatrix_x4(kb, KVTile::frag(k_addr, np * 16, ks * 2));
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++) {
                                 E::mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -372,9 +384,9 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                 if (n > n_lo) {
                     const uint32_t sK2 = sKV + stage_off;
                     const int      nb  = n - 1;
-                    fa_cp_async_tile<BN, D, kThreads>(sK2, k + (int64_t)nb * BN * a.k_row, a.k_row, len_k - nb * BN,
+                    fa_cp_async_tile<KVTile, kThreads>(sK2, k + (int64_t)nb * BN * a.k_row, a.k_row, len_k - nb * BN,
                                                       tid);
-                    fa_cp_async_tile<BN, D, kThreads>(sK2 + KVTile::kBytes, v + (int64_t)nb * BN * a.v_row, a.v_row,
+                    fa_cp_async_tile<KVTile, kThreads>(sK2 + KVTile::kBytes, v + (int64_t)nb * BN * a.v_row, a.v_row,
                                                       len_k - nb * BN, tid);
                 }
                 fa_cp_async_commit();
@@ -388,7 +400,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                     if (kStream)
                         kv_stream.init(sK, k + (int64_t)nb * BN * a.k_row, a.k_row, tid);
                     else
-                        fa_cp_async_tile<BN, D, kThreads>(sK, k + (int64_t)nb * BN * a.k_row, a.k_row,
+                        fa_cp_async_tile<KVTile, kThreads>(sK, k + (int64_t)nb * BN * a.k_row, a.k_row,
                                                           len_k - nb * BN, tid);
                 }
                 if (!kStream) fa_cp_async_commit();
@@ -530,8 +542,8 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                             const int i = kk * (D / 16) + dp;
                             if (k_stream) kv_stream.copies_at(i, kKSteps);
                             if (i + 1 < SN / 16 * (D / 16))
-                                fa_ldmatrix_x4_trans(vb[(i + 1) & 1], v_addr + KVTile::offset((i + 1) / (D / 16) * 16,
-                                                                                              (i + 1) % (D / 16) * 2));
+                                fa_ldmatrix_x4_trans(vb[(i + 1) & 1], KVTile::frag(v_addr, (i + 1) / (D / 16) * 16,
+                                                                                             (i + 1) % (D / 16) * 2));
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++) {
                                 const uint32_t pa[4] = {p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
@@ -547,7 +559,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                         for (int dp = 0; dp < D / 16; dp++) {
                             if (k_stream) kv_stream.copies_at(kk * (D / 16) + dp, kKSteps);
                             uint32_t vb[4];
-                            fa_ldmatrix_x4_trans(vb, v_addr + KVTile::offset(kk * 16, dp * 2));
+                            fa_ldmatrix_x4_trans(vb, KVTile::frag(v_addr, kk * 16, dp * 2));
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++) {
                                 const uint32_t pa[4] = {p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
