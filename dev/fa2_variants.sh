@@ -6,7 +6,8 @@
 #
 #   dev/fa2_variants.sh [build] [test] [main] [variants] [peers] [ncu] [ncusrc]   (default: all but ncu*)
 #
-# ncu: our FA2 kernel next to PyTorch's at d = 64 and 128 (NCU_DIMS), seqlen NCU_SEQLEN (4096), pass NCU_PASS = bwd | fwd:
+# ncu: our FA2 kernel next to PyTorch's at d = 64 and 128 (NCU_DIMS), seqlen NCU_SEQLEN (4096), pass NCU_PASS = bwd | fwd,
+# causal with NCU_CAUSAL=1:
 # throughput, shared memory, L2, and the stall reasons, as a table.
 #
 # VARIANTS: one per line, "name|files|head dims|sweep args|header text": the listed src/cuda/<file>.cu are
@@ -135,14 +136,17 @@ fi
 
 # PyTorch's FA2 kernels under ncu: /tmp/torch_flash.py D fwd|bwd runs SDPA flash twice (bf16, seqlen 4096).
 if has ncu || has ncusrc; then
+    NCU_CAUSAL_FLAG=--no-causal
+    [ "${NCU_CAUSAL:-0}" = 1 ] && NCU_CAUSAL_FLAG=--causal
     cat >/tmp/torch_flash.py <<'PY'
 import sys, torch, torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 d = int(sys.argv[1]); s = int(sys.argv[3]) if len(sys.argv) > 3 else 4096; h = 2048 // d; b = 16384 // s
+causal = len(sys.argv) > 4 and sys.argv[4] == "1"
 q, k, v = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
     for _ in range(2):
-        o = F.scaled_dot_product_attention(q, k, v)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         if sys.argv[2] == "bwd":
             o.backward(torch.randn_like(o))
 torch.cuda.synchronize()
@@ -170,10 +174,10 @@ if has ncu; then
             echo "== ours d=$d"
             timeout 120 ncu --clock-control none -k regex:$ours_k --launch-skip 1 --launch-count 1 --metrics $M \
                 build/flashattn bench --backend cuda --kernel fa2 $bwd_flag --batch $((16384 / ${NCU_SEQLEN:-4096})) --heads $((2048 / d)) --seqlen ${NCU_SEQLEN:-4096} \
-                --head-dim $d --no-causal --repeats 1 --warmup 1 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)"
+                --head-dim $d $NCU_CAUSAL_FLAG --repeats 1 --warmup 1 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)"
             echo "== torch flash d=$d"
             timeout 120 ncu --clock-control none -k regex:$peer_k --launch-skip 1 --launch-count 1 --metrics $M \
-                python3 /tmp/torch_flash.py $d $NCU_PASS ${NCU_SEQLEN:-4096} 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)|flash_" | cut -c1-160
+                python3 /tmp/torch_flash.py $d $NCU_PASS ${NCU_SEQLEN:-4096} ${NCU_CAUSAL:-0} 2>&1 | grep -E "^\s+(sm__|smsp__|l1tex__|launch__|lts__|dram__|gpu__)|flash_" | cut -c1-160
         done
     } >"$OUT/ncu.log" 2>&1
     python3 - "$OUT/ncu.log" <<'PY'
@@ -204,8 +208,8 @@ if has ncusrc; then
             name=$who-$pass-$d
             if [ $who = ours ]; then
                 cmd=(build/flashattn bench --backend cuda --kernel fa2 $bwd_flag --batch $((16384 / ${NCU_SEQLEN:-4096})) --heads $((2048 / d)) --seqlen ${NCU_SEQLEN:-4096}
-                    --head-dim $d --no-causal --repeats 1 --warmup 1) k=$ours_k
-            else cmd=(python3 /tmp/torch_flash.py $d $pass ${NCU_SEQLEN:-4096}) k=$peer_k; fi
+                    --head-dim $d $NCU_CAUSAL_FLAG --repeats 1 --warmup 1) k=$ours_k
+            else cmd=(python3 /tmp/torch_flash.py $d $pass ${NCU_SEQLEN:-4096} ${NCU_CAUSAL:-0}) k=$peer_k; fi
             timeout 150 ncu --clock-control none --section SourceCounters --section WarpStateStats -k regex:$k \
                 --launch-skip 1 --launch-count 1 -f -o /tmp/ncusrc/$name "${cmd[@]}" >/tmp/ncusrc/$name.log 2>&1
             ncu -i /tmp/ncusrc/$name.ncu-rep --page source --csv --print-source sass >/tmp/ncusrc/$name.csv 2>&1 ||
