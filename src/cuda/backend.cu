@@ -79,7 +79,7 @@ static fa_status device_get(const fa_exec *x, fa_cuda_device *dev) {
             return fa_fail(FA_ERR_NO_DEVICE, "exec.device (%d) does not exist (%d device%s present)", ordinal, n,
                            n == 1 ? "" : "s");
     }
-    int       smem = 0;
+    int       smem = 0, smem_sm = 0, smem_reserved = 0;
     fa_status st;
     if ((st = fa_cuda_status(cudaDeviceGetAttribute(&dev->cc_major, cudaDevAttrComputeCapabilityMajor, ordinal),
                              "cudaDeviceGetAttribute")) ||
@@ -88,10 +88,16 @@ static fa_status device_get(const fa_exec *x, fa_cuda_device *dev) {
         (st = fa_cuda_status(cudaDeviceGetAttribute(&dev->sm_count, cudaDevAttrMultiProcessorCount, ordinal),
                              "cudaDeviceGetAttribute")) ||
         (st = fa_cuda_status(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal),
+                             "cudaDeviceGetAttribute")) ||
+        (st = fa_cuda_status(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, ordinal),
+                             "cudaDeviceGetAttribute")) ||
+        (st = fa_cuda_status(cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, ordinal),
                              "cudaDeviceGetAttribute")))
         return st;
-    dev->ordinal    = ordinal;
-    dev->smem_optin = (size_t)smem;
+    dev->ordinal       = ordinal;
+    dev->smem_optin    = (size_t)smem;
+    dev->smem_per_sm   = (size_t)smem_sm;
+    dev->smem_reserved = (size_t)smem_reserved;
     return FA_OK;
 }
 

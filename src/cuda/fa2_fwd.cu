@@ -4,7 +4,7 @@
  * fa2_fwd_hdim*.cu.
  *
  * Tiles: the first row of fa2_fwd_tiles for the head dim whose shared memory fits the device's opt-in limit
- * per block. Testing knob: FLASHATTN_SMEM_LIMIT=<bytes> caps the limit the selection assumes (smem_limit.h),
+ * per block, sm_blocks times over in an SM. Testing knob: FLASHATTN_SMEM_LIMIT=<bytes> caps the limit the selection assumes (smem_limit.h),
  * so that the configurations of GPUs with less shared memory run (and can be checked) on a larger one.
  */
 #include <math.h>
@@ -12,6 +12,10 @@
 #include "fa2_fwd.cuh"
 #include "kernels.h"
 #include "smem_limit.h"
+
+#ifndef FA2_FWD_CHUNK_SMS
+#define FA2_FWD_CHUNK_SMS 4
+#endif
 
 typedef cudaError_t (*fa2_fwd_launcher)(const fa2_fwd_args *a, fa_dtype dtype, int tile, int batch,
                                         cudaStream_t stream);
@@ -45,11 +49,19 @@ static int fwd_tile(int head_dim, const fa_cuda_device *dev) {
     int          found = -1;
     for (int i = 0; i < FA2_FWD_NTILES; i++) {
         if (fa2_fwd_tiles[i].d != head_dim) continue;
-        if (fa2_fwd_smem_bytes(fa2_fwd_tiles[i]) <= limit) return i;
+        const size_t smem = fa2_fwd_smem_bytes(fa2_fwd_tiles[i]);
+        if (smem <= limit && fa_cuda_smem_fits_sm(dev, smem, fa2_fwd_tiles[i].sm_blocks)) return i;
         found = -2;
     }
     return found;
 }
+/* A head dim's last row asks for one block per SM: whatever fits a block is taken. */
+static constexpr bool fwd_tiles_end_single(int i) {
+    return i >= FA2_FWD_NTILES ||
+           ((i + 1 < FA2_FWD_NTILES && fa2_fwd_tiles[i + 1].d == fa2_fwd_tiles[i].d) || fa2_fwd_tiles[i].sm_blocks == 1) &&
+               fwd_tiles_end_single(i + 1);
+}
+static_assert(fwd_tiles_end_single(0), "fa2_fwd_tiles: a head dim's last row must have sm_blocks 1");
 
 extern "C" fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device *dev) {
     if (p->dtype != FA_F16 && p->dtype != FA_BF16)
@@ -126,6 +138,12 @@ extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a.window_left = p->window_left, a.window_right = p->window_right;
     a.alibi = p->alibi_slopes, a.alibi_batch_stride = p->alibi_batch_stride;
     a.every_block_modified = p->softcap > 0.0f || p->alibi_slopes != NULL || p->softmax_scale < 0.0f;
+    /* Under a causal mask the query blocks' work grows with their index: chunks of FA2_FWD_CHUNK_SMS * SMs
+     * blocks start the long blocks of several heads first (fa2_fwd_block). Without one every block has the same
+     * work, and one pair per chunk keeps each head's K and V shared by its blocks running together. */
+    const int m_blocks = (p->seqlen_q + fa2_fwd_tiles[tile].block_m - 1) / fa2_fwd_tiles[tile].block_m;
+    a.chunk_pairs      = 1;
+    if (p->window_right >= 0 && m_blocks > 0) a.chunk_pairs = max(1, FA2_FWD_CHUNK_SMS * dev->sm_count / m_blocks);
 
     if (p->seqlen_q == 0) return FA_OK; /* a varlen batch of empty query sequences */
     return fa_cuda_status(launch(&a, p->dtype, tile, p->batch, stream), "FA2 forward launch");

@@ -51,6 +51,7 @@ typedef struct fa2_fwd_args {
     const float *alibi;                          /* device; NULL = off */
     int64_t     alibi_batch_stride;
     int32_t     every_block_modified;            /* softcap, ALiBi or a negative scale: scores need the slow path */
+    int32_t     chunk_pairs;                     /* launch order: (batch, head) pairs per chunk (fa2_fwd_block) */
 } fa2_fwd_args;
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -72,6 +73,7 @@ typedef struct fa2_fwd_args {
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct fa2_fwd_tile {
     int d, block_m, block_n, step_n, warps, stages, pipe, stream_v, stream_k;
+    int sm_blocks; /* the row is taken only where this many of its blocks fit in an SM's shared memory */
 } fa2_fwd_tile;
 
 /* Tuning builds may override the first row of a head dim with -DFA2_FWD_TILE_<D>="M, N, STEP, WARPS, STAGES,
@@ -86,7 +88,7 @@ typedef struct fa2_fwd_tile {
 #define FA2_FWD_TILE_96 128, 64, 32, 4, 2, 0, 0, 0
 #endif
 #ifndef FA2_FWD_TILE_128
-#define FA2_FWD_TILE_128 128, 64, 64, 4, 1, 1, 2, 2
+#define FA2_FWD_TILE_128 128, 64, 64, 4, 2, 1, 0, 0
 #endif
 #ifndef FA2_FWD_TILE_192
 #define FA2_FWD_TILE_192 64, 64, 64, 4, 1, 0, 0, 0
@@ -96,25 +98,27 @@ typedef struct fa2_fwd_tile {
 #endif
 
 /* The configurations of each head dim from the most shared memory to the least; the host takes the first that
- * fits the device's opt-in shared memory per block (fa2_fwd.cu): 227 KB on H100/H200, 163 KB on A100, 99 KB
- * (101376 bytes) on sm_86, sm_89 and sm_120. The first row of a head dim is the one measured on the H200
+ * fits the device's opt-in shared memory per block (227 KB on H100/H200, 163 KB on A100, 99 KB (101376 bytes)
+ * on sm_86, sm_89 and sm_120) sm_blocks times over in an SM's (228, 164, 100 KB; fa2_fwd.cu). The first row of a head dim is the one measured on the H200
  * (docs/worklog.md). Comments: shared memory in KB of 1024 bytes, [block_m x block_n], the GPUs that take it. */
 static constexpr fa2_fwd_tile fa2_fwd_tiles[] = {
-    /* d, block_m, block_n, step_n, warps, stages, pipe, stream_v, stream_k */
-    {32, FA2_FWD_TILE_32},   /* 50 KB [128 x 128]: every part; O is 32 registers, so 128-key tiles halve the
-                                barriers per key */
-    {64, FA2_FWD_TILE_64},   /* 54 KB [128 x 64]: every part; O 64 + S 64 registers; pipelined */
-    {96, FA2_FWD_TILE_96},   /* 78 KB [128 x 64]: every part; O is 96 registers, which leaves room for a 32-key
-                                softmax step only */
-    {128, FA2_FWD_TILE_128}, /* 68 KB [128 x 64]: every part; O 128 + S 64 registers, the paper's A100/H100 tile,
-                                pipelined; single-stage (2-6% faster than double-buffered K/V on the H200: the
-                                two blocks of an SM hide each other's loads, and it spills less) */
-    {192, FA2_FWD_TILE_192}, /* 75 KB [64 x 64]: every part; single-stage so that two blocks share an H200 SM;
-                                one m16 tile per warp (O 96 registers) */
-    {256, FA2_FWD_TILE_256}, /* 96 KB [64 x 64]: every part (the 99 KB parts too); single-stage: two
-                                blocks per H200 SM hide each other's loads (O alone is 128 registers) */
-    {256, 64, 32, 32, 4, 1, 0, 0, 0}, /* 64 KB [64 x 32]: below 99 KB (a limit set by FLASHATTN_SMEM_LIMIT); half the
-                                   keys per tile */
+    /* d, block_m, block_n, step_n, warps, stages, pipe, stream_v, stream_k, sm_blocks */
+    {32, FA2_FWD_TILE_32, 1},   /* 50 KB [128 x 128]: every part; O is 32 registers, so 128-key tiles halve the
+                                   barriers per key */
+    {64, FA2_FWD_TILE_64, 1},   /* 54 KB [128 x 64]: every part; O 64 + S 64 registers; pipelined */
+    {96, FA2_FWD_TILE_96, 1},   /* 78 KB [128 x 64]: every part; O is 96 registers, which leaves room for a 32-key
+                                   softmax step only */
+    {128, FA2_FWD_TILE_128, 2}, /* 102 KB [128 x 64]: H100/H200 (two blocks per SM); O 128 + S 64 registers, the
+                                   paper's A100/H100 tile, pipelined and double-buffered (+3-7% over the single
+                                   stage below on the H200) */
+    {128, 128, 64, 64, 4, 1, 1, 2, 2, 1}, /* 68 KB [128 x 64]: every part; single-stage: V copied during Q K^T, the
+                                   next K during P V */
+    {192, FA2_FWD_TILE_192, 1}, /* 75 KB [64 x 64]: every part; single-stage so that two blocks share an H200 SM;
+                                   one m16 tile per warp (O 96 registers) */
+    {256, FA2_FWD_TILE_256, 1}, /* 96 KB [64 x 64]: every part (the 99 KB parts too); single-stage: two
+                                   blocks per H200 SM hide each other's loads (O alone is 128 registers) */
+    {256, 64, 32, 32, 4, 1, 0, 0, 0, 1}, /* 64 KB [64 x 32]: below 96 KB (a limit set by FLASHATTN_SMEM_LIMIT); half
+                                   the keys per tile */
 };
 #define FA2_FWD_NTILES ((int)(sizeof(fa2_fwd_tiles) / sizeof(fa2_fwd_tiles[0])))
 
@@ -180,6 +184,27 @@ static __device__ __forceinline__ fa2_seq fa2_seq_get(const fa2_fwd_args &a, int
     return s;
 }
 
+/* The work of block (x, y, z) in launch order (x fastest): query block, head and batch entry. The (batch, head)
+ * pairs go in chunks of chunk_pairs; within a chunk the query blocks go from the last (under a causal mask the
+ * most keys) to the first, each over the chunk's pairs. One pair per chunk is each head's blocks in turn; more
+ * pairs put the long causal blocks of more heads before the short ones, so that the last blocks to start are
+ * short ones (the grid's tail), while the chunk's K and V stay few enough to be re-read from L2. */
+struct fa2_fwd_block {
+    int m_block, h, b;
+};
+static __device__ __forceinline__ fa2_fwd_block fa2_fwd_block_get(const fa2_fwd_args &a) {
+    const int nm = gridDim.x, ny = gridDim.y, pairs = ny * gridDim.z, cp = a.chunk_pairs;
+    const int id = blockIdx.x + nm * (blockIdx.y + ny * blockIdx.z);
+    const int chunk = id / (nm * cp), r = id - chunk * nm * cp;
+    const int np = min(cp, pairs - chunk * cp); /* pairs in this chunk */
+    const int q = r / np, pair = chunk * cp + (r - q * np);
+    fa2_fwd_block w;
+    w.m_block = nm - 1 - q;
+    w.h       = pair % ny;
+    w.b       = pair / ny;
+    return w;
+}
+
 template <typename T, int D, int BM, int BN, int SN, int NW, int STAGES, bool PIPE, int STREAM_V, int STREAM_K>
 __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant__ fa2_fwd_args a) {
     typedef fa_elem<T>           E;
@@ -215,8 +240,8 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     const uint32_t sKV = sQ + QTile::kBytes; /* stage s: K at sKV + s kStageBytes, V right after K */
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int m_block = gridDim.x - 1 - blockIdx.x; /* heaviest causal blocks first */
-    const int h = blockIdx.y, b = blockIdx.z;
+    const fa2_fwd_block work = fa2_fwd_block_get(a);
+    const int m_block = work.m_block, h = work.h, b = work.b;
 
     const fa2_seq sq = fa2_seq_get(a, b, h);
     const int     m0 = m_block * BM;
@@ -428,7 +453,8 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                                                                                                   s[mt][nt][e])));
                 }
                 if (a.alibi) {
-                    const float slope = a.alibi[b * a.alibi_batch_stride + h];
+                    const fa2_fwd_block w = fa2_fwd_block_get(a);
+                    const float slope = a.alibi[w.b * a.alibi_batch_stride + w.h];
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -578,9 +604,11 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     /* Epilogue: O /= l, LSE = (m + log2 l) ln 2; rows that saw no key get O = 0 and LSE = -inf. O is staged in
      * this warp's own rows of the Q tile (no other warp reads them) and stored as 16-byte rows. */
     {
-        const fa2_seq  sq2    = fa2_seq_get(a, b, h);
+        const fa2_fwd_block w = fa2_fwd_block_get(a); /* (recomputed: kept across the loop, b and h cost spills) */
+        const fa2_seq  sq2    = fa2_seq_get(a, w.b, w.h);
+        const int      m0     = w.m_block * BM;
         const int      rows   = min(BM, sq2.len_q - m0);
-        T             *o      = (T *)a.o + sq2.o + h * a.o_head + m0 * a.o_row;
+        T             *o      = (T *)a.o + sq2.o + w.h * a.o_head + m0 * a.o_row;
         float         *lse    = a.lse ? a.lse + sq2.lse + m0 : NULL;
         const int      row_w  = warp * RPW;
         const int      g = lane / 4, t = lane % 4;

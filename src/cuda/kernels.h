@@ -19,7 +19,9 @@ typedef struct fa_cuda_device {
     int ordinal;
     int cc_major, cc_minor;
     int sm_count;
-    size_t smem_optin; /* max dynamic shared memory per block */
+    size_t smem_optin;  /* max dynamic shared memory per block */
+    size_t smem_per_sm; /* shared memory of an SM, for all its resident blocks (each also takes smem_reserved) */
+    size_t smem_reserved;
 } fa_cuda_device;
 
 /* FlashAttention-2 forward (mma.sync, sm_80+): fa2_fwd.cu and its instantiations. */

@@ -23,4 +23,14 @@ static inline size_t fa_cuda_smem_limit(const fa_cuda_device *dev) {
     return dev->smem_optin;
 }
 
+/* Whether `blocks` blocks of `smem` bytes each fit in one SM's shared memory. Under FLASHATTN_SMEM_LIMIT the SM
+ * is taken to hold the capped per-block limit plus one block's reservation, as on the GPUs it stands for
+ * (A100: 166912 + 1024 of 167936). */
+static inline int fa_cuda_smem_fits_sm(const fa_cuda_device *dev, size_t smem, int blocks) {
+    size_t per_sm = dev->smem_per_sm;
+    const size_t limit = fa_cuda_smem_limit(dev);
+    if (limit < dev->smem_optin && limit + dev->smem_reserved < per_sm) per_sm = limit + dev->smem_reserved;
+    return (size_t)blocks * (smem + dev->smem_reserved) <= per_sm;
+}
+
 #endif /* FLASHATTN_CUDA_SMEM_LIMIT_H */
