@@ -91,6 +91,7 @@ part_sanitize() {
         "--dtype f16 --batch 1 --seqlen-q 129 --seqlen-k 129 --heads 2 --head-dim 128"
         "--dtype bf16 --batch 3 --seqlen-q 150 --seqlen-k 150 --heads 4 --heads-kv 1 --head-dim 128 --varlen --window 32,8 --softcap 30 --alibi"
         "--dtype bf16 --batch 1 --seqlen-q 96 --seqlen-k 96 --heads 2 --head-dim 256 --causal"
+        "--dtype bf16 --batch 2 --seqlen-q 200 --seqlen-k 300 --heads 4 --heads-kv 2 --head-dim 128 --causal --varlen"
     )
     [ $QUICK -eq 1 ] && shapes=("${shapes[0]}")
     local pass=0 fail=0 unsupported=0

@@ -604,14 +604,18 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     /* Epilogue: O /= l, LSE = (m + log2 l) ln 2; rows that saw no key get O = 0 and LSE = -inf. O is staged in
      * this warp's own rows of the Q tile (no other warp reads them) and stored as 16-byte rows. */
     {
-        const fa2_fwd_block w = fa2_fwd_block_get(a); /* (recomputed: kept across the loop, b and h cost spills) */
+        /* the block's coordinates recomputed (b, h and m0 kept across the loop cost the d = 128 kernel 12 bytes
+         * more spills) */
+        const fa2_fwd_block w = fa2_fwd_block_get(a);
         const fa2_seq  sq2    = fa2_seq_get(a, w.b, w.h);
-        const int      m0     = w.m_block * BM;
-        const int      rows   = min(BM, sq2.len_q - m0);
-        T             *o      = (T *)a.o + sq2.o + w.h * a.o_head + m0 * a.o_row;
-        float         *lse    = a.lse ? a.lse + sq2.lse + m0 : NULL;
+        const int      m0e    = w.m_block * BM;
+        const int      rows   = min(BM, sq2.len_q - m0e);
+        T             *o      = (T *)a.o + sq2.o + w.h * a.o_head + m0e * a.o_row;
+        float         *lse    = a.lse ? a.lse + sq2.lse + m0e : NULL;
         const int      row_w  = warp * RPW;
         const int      g = lane / 4, t = lane % 4;
+        __syncwarp(); /* every lane's last ldmatrix of Q rows is done before O overwrites them (no barrier follows
+                       * the last Q K^T when K and V are double-buffered) */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
