@@ -65,6 +65,10 @@ typedef struct fa2_bwd_tile {
     int d, bm, kr, wk, wd, wqm, dq_chunk, qb;
 } fa2_bwd_tile;
 
+#ifndef FA2_BWD_ROTATE
+#define FA2_BWD_ROTATE 1 /* 0: every key block's steps from its first visible query block (tuning comparison) */
+#endif
+
 /* Tuning builds may override the first row of a head dim with -DFA2_BWD_TILE_<D>="D, BM, KR, WK, WD, WQM, DQC, QB". */
 #ifndef FA2_BWD_TILE_32
 #define FA2_BWD_TILE_32 32, 128, 1, 8, 1, 4, 16, 2
@@ -452,12 +456,17 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
         const int m_hi = wl >= 0 ? min(s.len_q, n1 - BWD_OFF + wl) : s.len_q;
         const int mb_lo = m_lo / BM, mb_hi = m_hi > m_lo ? (m_hi + BM - 1) / BM : mb_lo;
         const int nmb = mb_hi - mb_lo, nsteps = nmb * a.group;
+        /* The steps start at the query block level with this key block and wrap around: without a causal mask
+         * every key block's CTA would otherwise add to the same dQ rows at the same time as its neighbours
+         * (with one, the first visible query block already moves with the key block, and rot is about 0). */
+        const int rot = FA2_BWD_ROTATE && nsteps > 0 ? max(0, n0 / BM - mb_lo) % nsteps : 0;
 
         __syncthreads(); /* the previous key block's last step is done with sK, sV, sdS */
         if (nsteps > 0) {
             bwd_load_tile<T, td, BN, NT>(aK, a.k, varlen, b, s.tok_k, n0, s.len_k, hk);
             bwd_load_tile<T, td, BN, NT>(aV, a.v, varlen, b, s.tok_k, n0, s.len_k, hk);
-            bwd_load_step<T, td, BM, NT>(a, s, b, hk * a.group, mb_lo * BM, aQ, adO, sLSE, sDs);
+            bwd_load_step<T, td, BM, NT>(a, s, b, hk * a.group + rot / nmb, (mb_lo + rot % nmb) * BM, aQ, adO, sLSE,
+                                         sDs);
         }
         fa_cp_async_commit();
 
@@ -469,18 +478,21 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
 #pragma unroll
                 for (int e = 0; e < 4; e++) dk[mr][j][e] = dv[mr][j][e] = 0.f;
 
-        /* step t: query head hq, query block mb (the blocks of a head in order, then the next head); hq and mb are
-         * derived from t (carried from step to step instead, they cost registers that spill at d = 128) */
+        /* step t takes u = (t + rot) mod nsteps: query head hq, query block mb (the blocks of a head in order, then
+         * the next head); hq and mb are derived from t (carried from step to step instead, they cost registers
+         * that spill at d = 128) */
         for (int t = 0; t < nsteps; t++) {
             const int buf = QB == 2 ? t & 1 : 0;
-            const int hq = hk * a.group + t / nmb, mb = mb_lo + t % nmb;
+            const int u = t + rot - (t + rot >= nsteps ? nsteps : 0);
+            const int hq = hk * a.group + u / nmb, mb = mb_lo + u % nmb;
             const int m0 = mb * BM;
             const bool next_head = mb + 1 == mb_hi; /* step t + 1 starts the next head of the group */
+            const int hq_next = u + 1 == nsteps ? hk * a.group : hq + next_head; /* (or wraps to the first) */
             fa_cp_async_wait<0>();
             __syncthreads(); /* step t's tiles have landed; step t-1 is done with the other buffer and sdS */
             if (QB == 2) {
                 if (t + 1 < nsteps)
-                    bwd_load_step<T, td, BM, NT>(a, s, b, hq + next_head, next_head ? mb_lo * BM : m0 + BM,
+                    bwd_load_step<T, td, BM, NT>(a, s, b, hq_next, next_head ? mb_lo * BM : m0 + BM,
                                                 aQ + 2 * (buf ^ 1) * BM * RD, adO + 2 * (buf ^ 1) * BM * RD,
                                                 sLSE + (buf ^ 1) * BM, sDs + (buf ^ 1) * BM);
                 fa_cp_async_commit();
@@ -649,8 +661,8 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
             /* QB = 1: the next step's loads into the only buffer, under the dQ product */
             if (QB == 1) {
                 if (t + 1 < nsteps)
-                    bwd_load_step<T, td, BM, NT>(a, s, b, hq + next_head, next_head ? mb_lo * BM : m0 + BM, aQ, adO,
-                                                sLSE, sDs);
+                    bwd_load_step<T, td, BM, NT>(a, s, b, hq_next, next_head ? mb_lo * BM : m0 + BM, aQ, adO, sLSE,
+                                                sDs);
                 fa_cp_async_commit();
             }
 
