@@ -15,10 +15,11 @@
  *   O += P V             P converted to 16 bits in registers is the A operand; V fragments by ldmatrix.trans
  * (both products optionally software-pipelined: the next step's fragments are loaded before this step's mma).
  * K/V arrive by cp.async: with 2 stages the next block's K and V are copied while this one is computed (one
- * barrier per block), and a block may be processed in softmax steps of step_n keys; with 1 stage (head dims 128
- * and up: two blocks per SM, which hide each other's loads) V is copied during QK^T and the next K during
- * softmax and PV, as in the paper's implementation.
- * O goes back through the warp's own rows of the Q tile for 16-byte coalesced stores.
+ * barrier per block), and a block may be processed in softmax steps of step_n keys; with 1 stage (head dims 192
+ * and 256, and 128 where two double-buffered blocks do not fit an SM: two blocks per SM, which hide each other's
+ * loads) V is copied during QK^T and the next K during softmax and PV, as in the paper's implementation.
+ * O goes back through the warp's own rows of the Q tile for 16-byte coalesced stores. Under a causal mask the
+ * blocks are launched longest first across chunks of heads (fa2_fwd_block).
  */
 #ifndef FLASHATTN_CUDA_FA2_FWD_CUH
 #define FLASHATTN_CUDA_FA2_FWD_CUH
