@@ -142,8 +142,10 @@ extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
      * blocks start the long blocks of several heads first (fa2_fwd_block). Without one every block has the same
      * work, and one pair per chunk keeps each head's K and V shared by its blocks running together. */
     const int m_blocks = (p->seqlen_q + fa2_fwd_tiles[tile].block_m - 1) / fa2_fwd_tiles[tile].block_m;
+    const bool id_fits = (int64_t)m_blocks * p->heads_q * p->batch <= INT32_MAX; /* fa2_fwd_block's linear index */
     a.chunk_pairs      = 1;
-    if (p->window_right >= 0 && m_blocks > 0) a.chunk_pairs = max(1, FA2_FWD_CHUNK_SMS * dev->sm_count / m_blocks);
+    if (p->window_right >= 0 && m_blocks > 0 && id_fits)
+        a.chunk_pairs = max(1, FA2_FWD_CHUNK_SMS * dev->sm_count / m_blocks);
 
     if (p->seqlen_q == 0) return FA_OK; /* a varlen batch of empty query sequences */
     return fa_cuda_status(launch(&a, p->dtype, tile, p->batch, stream), "FA2 forward launch");

@@ -194,12 +194,18 @@ struct fa2_fwd_block {
     int m_block, h, b;
 };
 static __device__ __forceinline__ fa2_fwd_block fa2_fwd_block_get(const fa2_fwd_args &a) {
-    const int nm = gridDim.x, ny = gridDim.y, pairs = ny * gridDim.z, cp = a.chunk_pairs;
-    const int id = blockIdx.x + nm * (blockIdx.y + ny * blockIdx.z);
+    const int     nm = gridDim.x, ny = gridDim.y, cp = a.chunk_pairs;
+    fa2_fwd_block w;
+    if (cp == 1) { /* (also every grid of 2^31 blocks or more: the host sets cp = 1 for those) */
+        w.m_block = nm - 1 - blockIdx.x;
+        w.h       = blockIdx.y;
+        w.b       = blockIdx.z;
+        return w;
+    }
+    const int pairs = ny * gridDim.z, id = blockIdx.x + nm * (blockIdx.y + ny * blockIdx.z);
     const int chunk = id / (nm * cp), r = id - chunk * nm * cp;
     const int np = min(cp, pairs - chunk * cp); /* pairs in this chunk */
     const int q = r / np, pair = chunk * cp + (r - q * np);
-    fa2_fwd_block w;
     w.m_block = nm - 1 - q;
     w.h       = pair % ny;
     w.b       = pair / ny;
@@ -299,7 +305,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     fa_cp_async_tile<KVTile, kThreads>(sKV, k + (int64_t)n * BN * a.k_row, a.k_row, len_k - n * BN, tid);
     if (STAGES == 2)
         fa_cp_async_tile<KVTile, kThreads>(sKV + KVTile::kBytes, v + (int64_t)n * BN * a.v_row, a.v_row,
-                                          len_k - n * BN, tid);
+                                           len_k - n * BN, tid);
     fa_cp_async_commit();
 
     /* With one m16 tile per warp, Q's A fragments fit in registers (4 per 16 head dims) and are loaded once:
@@ -411,9 +417,9 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                     const uint32_t sK2 = sKV + stage_off;
                     const int      nb  = n - 1;
                     fa_cp_async_tile<KVTile, kThreads>(sK2, k + (int64_t)nb * BN * a.k_row, a.k_row, len_k - nb * BN,
-                                                      tid);
+                                                       tid);
                     fa_cp_async_tile<KVTile, kThreads>(sK2 + KVTile::kBytes, v + (int64_t)nb * BN * a.v_row, a.v_row,
-                                                      len_k - nb * BN, tid);
+                                                       len_k - nb * BN, tid);
                 }
                 fa_cp_async_commit();
             }
@@ -427,7 +433,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                         kv_stream.init(sK, k + (int64_t)nb * BN * a.k_row, a.k_row, tid);
                     else
                         fa_cp_async_tile<KVTile, kThreads>(sK, k + (int64_t)nb * BN * a.k_row, a.k_row,
-                                                          len_k - nb * BN, tid);
+                                                           len_k - nb * BN, tid);
                 }
                 if (!kStream) fa_cp_async_commit();
             }
@@ -454,7 +460,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                                                                                                   s[mt][nt][e])));
                 }
                 if (a.alibi) {
-                    const fa2_fwd_block w = fa2_fwd_block_get(a);
+                    const fa2_fwd_block w = fa2_fwd_block_get(a); /* (recomputed, as in the epilogue) */
                     const float slope = a.alibi[w.b * a.alibi_batch_stride + w.h];
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
