@@ -54,6 +54,7 @@ typedef struct fa2_bwd_args {
     float softcap_arg; /* scale / softcap: tanh's argument per unit of q.k (0 without softcap) */
     int window_left, window_right;
     int deterministic, nsplit;
+    int chunk_pairs; /* launch order: (batch, kv head) pairs per chunk (bwd_block_get) */
 } fa2_bwd_args;
 
 /* One tile configuration of the main kernel for head dim D: BM query rows per step; WK x WD warps, warp (kw, wh)
@@ -65,6 +66,9 @@ typedef struct fa2_bwd_tile {
     int d, bm, kr, wk, wd, wqm, dq_chunk, qb;
 } fa2_bwd_tile;
 
+#ifndef FA2_BWD_CHUNK_SMS
+#define FA2_BWD_CHUNK_SMS 2 /* causal launch order: chunks of this many x SMs CTAs (bwd_block_get; 0: off) */
+#endif
 #ifndef FA2_BWD_ROTATE
 #define FA2_BWD_ROTATE 1 /* 0: every key block's steps from its first visible query block (tuning comparison) */
 #endif
@@ -321,6 +325,32 @@ static __device__ __forceinline__ void bwd_load_step(const fa2_bwd_args &a, cons
     }
 }
 
+/* The first key block, kv head and batch entry of CTA (x, y, z) in launch order (x fastest). As in the forward
+ * (fa2_fwd_block): the (batch, kv head) pairs go in chunks of chunk_pairs, each chunk's key blocks from the first
+ * (under a causal mask the one most queries see) over the chunk's pairs, so that the grid's tail is short
+ * blocks. chunk_pairs = 1: blockIdx as it is (also in deterministic mode, whose CTAs walk key blocks). */
+struct bwd_block {
+    int nb, hk, b;
+};
+static __device__ __forceinline__ bwd_block bwd_block_get(const fa2_bwd_args &a) {
+    const int nx = gridDim.x, ny = gridDim.y, cp = a.chunk_pairs;
+    bwd_block w;
+    if (FA2_BWD_CHUNK_SMS == 0 || cp == 1) {
+        w.nb = blockIdx.x;
+        w.hk = blockIdx.y;
+        w.b  = blockIdx.z;
+        return w;
+    }
+    const int pairs = ny * gridDim.z, id = blockIdx.x + nx * (blockIdx.y + ny * blockIdx.z);
+    const int chunk = id / (nx * cp), r = id - chunk * nx * cp;
+    const int np = min(cp, pairs - chunk * cp); /* pairs in this chunk */
+    const int q = r / np, pair = chunk * cp + (r - q * np);
+    w.nb = q;
+    w.hk = pair % ny;
+    w.b  = pair / ny;
+    return w;
+}
+
 /* ---- 2. main kernel. Grid (key blocks or nsplit, Hkv, B). ----
  * Column groups of 16 are interleaved between warps sharing rows: warp half wh of dK/dV owns groups WD * j + wh,
  * dQ warp column wn owns groups WQN * j + wn. */
@@ -410,7 +440,8 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
     const int kw = warp % WK, wh = warp / WK;   /* key stripe; head-dim part of dK/dV and query part of S^T */
     const int wm = warp % WQM, wn = warp / WQM; /* dQ row and column block */
     const int g = lane >> 2, tq = lane & 3;
-    const int hk = blockIdx.y, b = blockIdx.z;
+    const bwd_block cta = bwd_block_get(a);
+    const int hk = cta.hk, b = cta.b;
     const bool varlen = a.cu_seqlens_q != nullptr;
     /* The sequence geometry lives in shared memory and is re-read where used: kept in registers across the
      * whole kernel it pushes loop invariants out to local memory. */
@@ -448,7 +479,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
     const uint32_t o_sm = tm::offset(kw * KW + (lane & 7) + ((lane >> 3) & 1) * 8, wh * (QW / 8) + (lane >> 4));
     constexpr bool kStMatrix = QW >= 32; /* bwd_store_block */
 
-    for (int nb = blockIdx.x; nb * BN < s.len_k; nb += gridDim.x) {
+    for (int nb = cta.nb; nb * BN < s.len_k; nb += gridDim.x) {
         const int n0 = nb * BN;
         const int n1 = min(n0 + BN, s.len_k);
         /* query rows that see at least one key of [n0, n1) */
