@@ -280,6 +280,28 @@ template <typename TL, int kThreads, int kPtrs, typename T> struct fa_cp_async_s
     }
 };
 
+/* ---- launch order ---- */
+
+/* A grid (x, y, z) whose x blocks of one (y, z) pair differ in work (the query or key blocks of a head under a
+ * causal mask) runs in launch order, x fastest: each pair's blocks in turn, so the last pair's longest block
+ * starts near the end of the grid. Remapped, the (y, z) pairs go in chunks of chunk_pairs and each chunk's
+ * blocks go rank by rank over its pairs: rank 0 (the caller's longest) of every pair of the chunk first, so that
+ * the grid's tail is short blocks, while a chunk's pairs stay few enough for their data to stay in L2. This
+ * block's rank and pair (y + ny z) for nx = gridDim.x, ny = gridDim.y, cp = chunk_pairs; cp = 1 is launch order
+ * (callers take blockIdx directly then). */
+struct fa_grid_slot {
+    int rank, pair;
+};
+static __device__ __forceinline__ fa_grid_slot fa_chunked_order(int nx, int ny, int cp) {
+    const int pairs = ny * gridDim.z, id = blockIdx.x + nx * (blockIdx.y + ny * blockIdx.z);
+    const int chunk = id / (nx * cp), r = id - chunk * nx * cp;
+    const int np = min(cp, pairs - chunk * cp); /* pairs in this chunk */
+    fa_grid_slot g;
+    g.rank = r / np;
+    g.pair = chunk * cp + (r - g.rank * np);
+    return g;
+}
+
 /* ---- reductions over the 4 lanes of a quad (one mma row) and over a warp ---- */
 
 static __device__ __forceinline__ float fa_quad_max(float x) {

@@ -8,7 +8,9 @@
  *      key get P = exp2(s - LSE2) = 0), both indexed like the LSE.
  *   2. main: one CTA per (key block of BN rows, kv head, batch) keeps K_j, V_j in shared memory and dK_j, dV_j in
  *      registers, and loops over the query heads of its GQA group and the query blocks of BM rows that see the
- *      key block (causal / window block skipping; masks applied only to boundary blocks). Per step:
+ *      key block (causal / window block skipping; masks applied only to boundary blocks), starting at the query
+ *      block level with its own key block and wrapping (so CTAs running together add to different dQ rows);
+ *      under a causal mask CTAs launch longest first across chunks of kv heads (bwd_block_get). Per step:
  *        S^T = K Q^T                                    (per warp: its KR x 16 keys x its queries)
  *        P^T = exp2(S^T scale log2e - LSE2)             (kept in 16 bits)
  *        dP^T = V dO^T, dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap]
@@ -325,10 +327,9 @@ static __device__ __forceinline__ void bwd_load_step(const fa2_bwd_args &a, cons
     }
 }
 
-/* The first key block, kv head and batch entry of CTA (x, y, z) in launch order (x fastest). As in the forward
- * (fa2_fwd_block): the (batch, kv head) pairs go in chunks of chunk_pairs, each chunk's key blocks from the first
- * (under a causal mask the one most queries see) over the chunk's pairs, so that the grid's tail is short
- * blocks. chunk_pairs = 1: blockIdx as it is (also in deterministic mode, whose CTAs walk key blocks). */
+/* First key block, kv head and batch entry of this CTA: under a causal mask key block 0 (the one most queries
+ * see) is the longest, and the launch order goes longest first across chunks of (batch, kv head) pairs
+ * (fa_chunked_order). chunk_pairs = 1: blockIdx as it is (also in deterministic mode, whose CTAs walk key blocks). */
 struct bwd_block {
     int nb, hk, b;
 };
@@ -341,13 +342,10 @@ static __device__ __forceinline__ bwd_block bwd_block_get(const fa2_bwd_args &a)
         w.b  = blockIdx.z;
         return w;
     }
-    const int pairs = ny * gridDim.z, id = blockIdx.x + nx * (blockIdx.y + ny * blockIdx.z);
-    const int chunk = id / (nx * cp), r = id - chunk * nx * cp;
-    const int np = min(cp, pairs - chunk * cp); /* pairs in this chunk */
-    const int q = r / np, pair = chunk * cp + (r - q * np);
-    w.nb = q;
-    w.hk = pair % ny;
-    w.b  = pair / ny;
+    const fa_grid_slot g = fa_chunked_order(nx, ny, cp);
+    w.nb = g.rank;
+    w.hk = g.pair % ny;
+    w.b  = g.pair / ny;
     return w;
 }
 

@@ -185,11 +185,8 @@ static __device__ __forceinline__ fa2_seq fa2_seq_get(const fa2_fwd_args &a, int
     return s;
 }
 
-/* The work of block (x, y, z) in launch order (x fastest): query block, head and batch entry. The (batch, head)
- * pairs go in chunks of chunk_pairs; within a chunk the query blocks go from the last (under a causal mask the
- * most keys) to the first, each over the chunk's pairs. One pair per chunk is each head's blocks in turn; more
- * pairs put the long causal blocks of more heads before the short ones, so that the last blocks to start are
- * short ones (the grid's tail), while the chunk's K and V stay few enough to be re-read from L2. */
+/* Query block, head and batch entry of this block: under a causal mask the last query block (the most keys) is
+ * the longest, and the launch order goes longest first across chunks of (batch, head) pairs (fa_chunked_order). */
 struct fa2_fwd_block {
     int m_block, h, b;
 };
@@ -202,13 +199,10 @@ static __device__ __forceinline__ fa2_fwd_block fa2_fwd_block_get(const fa2_fwd_
         w.b       = blockIdx.z;
         return w;
     }
-    const int pairs = ny * gridDim.z, id = blockIdx.x + nm * (blockIdx.y + ny * blockIdx.z);
-    const int chunk = id / (nm * cp), r = id - chunk * nm * cp;
-    const int np = min(cp, pairs - chunk * cp); /* pairs in this chunk */
-    const int q = r / np, pair = chunk * cp + (r - q * np);
-    w.m_block = nm - 1 - q;
-    w.h       = pair % ny;
-    w.b       = pair / ny;
+    const fa_grid_slot g = fa_chunked_order(nm, ny, cp);
+    w.m_block = nm - 1 - g.rank;
+    w.h       = g.pair % ny;
+    w.b       = g.pair / ny;
     return w;
 }
 
