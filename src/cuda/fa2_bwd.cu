@@ -158,17 +158,15 @@ fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *works
     /* Under a causal mask a key block's work falls with its index: chunks of FA2_BWD_CHUNK_SMS * SMs CTAs start
      * the long blocks of several kv heads first (bwd_block_get). (Not in deterministic mode, whose CTAs walk
      * key blocks, nor for grids whose linear index would not fit 32 bits.) */
-    const int kb_all = bwd_key_blocks(p, tile);
+    const int kb = bwd_key_blocks(p, tile);
     a.chunk_pairs = 1;
-    if (a.window_right >= 0 && !a.deterministic && kb_all > 0 &&
-        (int64_t)kb_all * p->heads_kv * p->batch <= INT32_MAX)
-        a.chunk_pairs = max(1, FA2_BWD_CHUNK_SMS * dev->sm_count / kb_all);
+    if (a.window_right >= 0 && !a.deterministic && kb > 0 && (int64_t)kb * p->heads_kv * p->batch <= INT32_MAX)
+        a.chunk_pairs = max(1, FA2_BWD_CHUNK_SMS * dev->sm_count / kb);
 
     if (dq_bytes > 0) {
         st = fa_cuda_status(cudaMemsetAsync(a.dq_accum, 0, dq_bytes, stream), "fa2 backward dQ accumulator reset");
         if (st != FA_OK) return st;
     }
-    const int kb = bwd_key_blocks(p, tile);
     switch (p->head_dim) {
     case 32: return fa2_bwd_launch_hdim32(&a, p->dtype, tile, kb, stream);
     case 64: return fa2_bwd_launch_hdim64(&a, p->dtype, tile, kb, stream);

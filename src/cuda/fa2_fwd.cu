@@ -4,8 +4,9 @@
  * fa2_fwd_hdim*.cu.
  *
  * Tiles: the first row of fa2_fwd_tiles for the head dim whose shared memory fits the device's opt-in limit
- * per block, sm_blocks times over in an SM. Testing knob: FLASHATTN_SMEM_LIMIT=<bytes> caps the limit the selection assumes (smem_limit.h),
- * so that the configurations of GPUs with less shared memory run (and can be checked) on a larger one.
+ * per block, sm_blocks times over in an SM. Testing knob: FLASHATTN_SMEM_LIMIT=<bytes> caps the limit the
+ * selection assumes (smem_limit.h), so that the configurations of GPUs with less shared memory run (and can be
+ * checked) on a larger one.
  */
 #include <math.h>
 
@@ -58,7 +59,8 @@ static int fwd_tile(int head_dim, const fa_cuda_device *dev) {
 /* A head dim's last row asks for one block per SM: whatever fits a block is taken. */
 static constexpr bool fwd_tiles_end_single(int i) {
     return i >= FA2_FWD_NTILES ||
-           ((i + 1 < FA2_FWD_NTILES && fa2_fwd_tiles[i + 1].d == fa2_fwd_tiles[i].d) || fa2_fwd_tiles[i].sm_blocks == 1) &&
+           ((i + 1 < FA2_FWD_NTILES && fa2_fwd_tiles[i + 1].d == fa2_fwd_tiles[i].d) ||
+            fa2_fwd_tiles[i].sm_blocks == 1) &&
                fwd_tiles_end_single(i + 1);
 }
 static_assert(fwd_tiles_end_single(0), "fa2_fwd_tiles: a head dim's last row must have sm_blocks 1");
