@@ -13,8 +13,9 @@
  * first tile, a1 = c2,c3 of the first, a2/a3 the same of the second): that is how P goes from the QK^T
  * accumulator to the PV operand without shared memory.
  *
- * Shared-memory tiles (fa_smem_tile) pad each row by 16 bytes, which makes ldmatrix and cp.async free of bank
- * conflicts with plain row-major addressing.
+ * Shared-memory tiles (fa_smem_tile) either pad each row by 16 bytes (ldmatrix free of bank conflicts with plain
+ * row-major addressing) or XOR-swizzle 16-byte chunks within 128-byte segments (cp.async also fills aligned
+ * lines); the kernels choose per head dim.
  */
 #ifndef FLASHATTN_CUDA_COMMON_CUH
 #define FLASHATTN_CUDA_COMMON_CUH

@@ -609,7 +609,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
          * more spills) */
         const fa2_fwd_block w = fa2_fwd_block_get(a);
         const fa2_seq  sq2    = fa2_seq_get(a, w.b, w.h);
-        const int      m0e    = w.m_block * BM;
+        const int      m0e    = w.m_block * BM; /* = m0 */
         const int      rows   = min(BM, sq2.len_q - m0e);
         T             *o      = (T *)a.o + sq2.o + w.h * a.o_head + m0e * a.o_row;
         float         *lse    = a.lse ? a.lse + sq2.lse + m0e : NULL;
