@@ -4,7 +4,9 @@ config by config in one process, on the same (batch, heads, seqlen, head_dim) bf
 power drift hits every implementation alike. The sweep of the FlashAttention-2 paper: batch * seqlen = 16k,
 heads * head_dim = 2048. cuDNN and our default are each timed twice per config (best of two is reported).
 
-  dev/hopper/compare.py LIB [--head-dims 64,128,256] [--seqlens ...] [--variants] [--json FILE]
+  dev/hopper/compare.py LIB [--head-dims 64,128,256] [--seqlens ...] [--variants] [--alt NAME=LIB ...] [--json FILE]
+
+--alt times another build of libfa3dev.so (e.g. the previous commit's) as one more variant of every config.
 """
 import argparse
 import ctypes
@@ -43,13 +45,23 @@ def main():
     ap.add_argument("--seqlens", type=int_list, default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
     ap.add_argument("--variants", action="store_true", help="also time the developer variants")
+    ap.add_argument("--alt", action="append", default=[], metavar="NAME=LIB", help="another libfa3dev.so to time")
     ap.add_argument("--json")
     args = ap.parse_args()
 
-    lib = ctypes.CDLL(args.lib)
-    lib.fa3_dev_forward.restype = ctypes.c_int
-    lib.fa3_dev_forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6 + [ctypes.c_void_p] * 2
-    lib.fa3_dev_error.restype = ctypes.c_char_p
+    def load(path):
+        lib = ctypes.CDLL(path)
+        lib.fa3_dev_forward.restype = ctypes.c_int
+        lib.fa3_dev_forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 6 + [ctypes.c_void_p] * 2
+        lib.fa3_dev_error.restype = ctypes.c_char_p
+        return lib
+
+    lib = load(args.lib)
+    alts = {}
+    for spec in args.alt:
+        name, path = spec.split("=", 1)
+        alts[name] = load(os.path.abspath(path))
+        VARIANTS[name] = ((64, 80, 96, 128, 192, 256), {}, 1)
     ws = torch.zeros(256, dtype=torch.uint8, device="cuda")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
           "bf16, triton do_bench median, interleaved", flush=True)
@@ -68,12 +80,13 @@ def main():
                 lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
                 stream = torch.cuda.current_stream().cuda_stream
 
-                def ours(layout=1):
+                def ours(layout=1, which=None):
                     t = (q, k, v, o) if layout == 1 else (q2, k2, v2, o2)
-                    st = lib.fa3_dev_forward(t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), t[3].data_ptr(),
+                    fn = alts.get(which, lib)
+                    st = fn.fa3_dev_forward(t[0].data_ptr(), t[1].data_ptr(), t[2].data_ptr(), t[3].data_ptr(),
                                              lse.data_ptr(), b, s, h, d, int(causal), layout, ws.data_ptr(), stream)
                     if st != 0:
-                        raise RuntimeError(f"fa3_dev_forward: status {st}: {lib.fa3_dev_error().decode()}")
+                        raise RuntimeError(f"fa3_dev_forward: status {st}: {fn.fa3_dev_error().decode()}")
 
                 def sdpa(backend):
                     def f():
@@ -107,11 +120,11 @@ def main():
                 if args.variants:
                     for name, (dims, env, layout) in VARIANTS.items():
                         if d in dims:
-                            row[name] = tflops(lambda: ours(layout), env)
+                            row[name] = tflops(lambda: ours(layout, name), env)
                             # every variant computes the same function: check it once against cuDNN
                             os.environ.update(env)
                             (o if layout == 1 else o2).fill_(float("nan"))
-                            ours(layout)
+                            ours(layout, name)
                             for key in KNOBS:
                                 os.environ.pop(key, None)
                             got = o if layout == 1 else o2.transpose(1, 2)

@@ -21,8 +21,12 @@ if has libtest; then # the whole library and its GPU test suite, built while the
      echo "rc=$?" >> "$OUT/libbuild.log") &
     libbuild=$!
 fi
-dev/hopper/build.sh "$B" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "build ok" | tee -a "$OUT/summary.log"
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x "$B/fa3_dev" ]; then # SKIP_BUILD=1: the driver built by an earlier step
+    echo "build skipped" | tee -a "$OUT/summary.log"
+else
+    dev/hopper/build.sh "$B" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    echo "build ok" | tee -a "$OUT/summary.log"
+fi
 
 if has unit; then timeout 60 "$B/fa3_dev" unit 2>&1 | tee "$OUT/unit.log" | tee -a "$OUT/summary.log"; fi
 if has check; then timeout 90 "$B/fa3_dev" check 2>&1 | tee "$OUT/check.log"; grep -E "FAIL|check:" "$OUT/check.log" >> "$OUT/summary.log"; fi
@@ -66,7 +70,8 @@ if has compare; then
         "$OUT/smi.log" >> "$OUT/summary.log"
 fi
 if has ncu; then
-    for cfg in "128 8192 0" "128 8192 1"; do
+    IFS=, read -r -a cfgs <<<"${NCU_CFGS:-128 8192 0,128 8192 1}" # NCU_CFGS: "d seqlen causal,..."
+    for cfg in "${cfgs[@]}"; do
         timeout 120 ncu --clock-control none --kernel-name regex:fa3_fwd_kernel --launch-skip 4 --launch-count 1 \
             --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats \
             --section Occupancy "$B/fa3_dev" one $cfg > "$OUT/ncu_${cfg// /_}.log" 2>&1
