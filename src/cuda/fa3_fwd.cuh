@@ -247,9 +247,9 @@ static __device__ __forceinline__ void fa3_issue_qk(float (&s)[BN / 2], const fa
         const uint32_t off_k = ((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4;
         if constexpr (QRS)
             fa3_wgmma_rs_kmajor<BN, BF16>(s, q.frag[4 * kk], q.frag[4 * kk + 1], q.frag[4 * kk + 2], q.frag[4 * kk + 3],
-                                          desc_k + off_k, kk > 0);
+                                          hp_desc_add(desc_k, off_k), kk > 0);
         else
-            fa3_wgmma_ss<BN, BF16>(s, q.desc + off_q, desc_k + off_k, kk > 0);
+            fa3_wgmma_ss<BN, BF16>(s, q.desc + off_q, hp_desc_add(desc_k, off_k), kk > 0);
     }
     hp_wgmma_commit();
 #pragma unroll
@@ -267,7 +267,7 @@ static __device__ __forceinline__ void fa3_issue_pv(float (&o)[D / 2], uint32_t 
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
         fa3_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                              desc_v + (uint32_t)((kk * 2048) >> 4), 1);
+                              hp_desc_add(desc_v, (kk * 2048) >> 4), 1);
     hp_wgmma_commit();
 }
 
@@ -379,6 +379,16 @@ struct fa3_mask_info {
 };
 
 template <int BN>
+static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float (&factor)[2], float (&l)[2]) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+    hp_fence_reg(factor[0]);
+    hp_fence_reg(factor[1]);
+    hp_fence_reg(l[0]);
+    hp_fence_reg(l[1]);
+}
+
+template <int BN>
 static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                   float (&factor)[2], const fa3_args &a, const fa3_mask_info &mi,
                                                   int n, int row0, int quad) {
@@ -389,12 +399,7 @@ static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)
     if (n < mi.n_lo || n >= mi.n_hi)
         fa3_mask<BN>(s, n * BN, row0, quad, mi.len_k, mi.off, a.window_left, a.window_right);
     const bool move = fa3_softmax<BN>(s, m, l, factor, a.scale_log2, a.max_slack);
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
-    hp_fence_reg(factor[0]);
-    hp_fence_reg(factor[1]);
-    hp_fence_reg(l[0]);
-    hp_fence_reg(l[1]);
+    fa3_pin_scores<BN>(s, factor, l);
     return move;
 }
 
@@ -454,15 +459,20 @@ static __device__ __forceinline__ void fa3_pp_arrive(int c, bool last_round) {
 /* One steady-state block i of the overlapped schedule: issue S = Q K(i)^T and O += P(i - 1) V(i - 1); softmax of
  * S(i) while P V runs; then retire P V, rescale O if the max moved, and convert S(i) into P for the next block.
  * (Converting before the wait, into a second P buffer, would take P V's registers off the critical path, but
- * ptxas gives the second buffer the in-flight registers of the first and waits anyway.) */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS>
+ * ptxas gives the second buffer the in-flight registers of the first and waits anyway.)
+ * KST < 0: any block (softcap, mask), the ring stage a run-time value. KST = 0 or 1: a block with neither, whose
+ * K sits in stage KST of a two-stage ring: with the stages compile-time constants every wgmma descriptor is a
+ * constant offset from the ring base, which ptxas keeps on the uniform datapath; with a run-time stage it
+ * rebuilds each descriptor in vector registers and moves it over (R2UR) before each wgmma. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, int KST>
 static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
                                                         float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
                                                         float (&m)[2], float (&l)[2], const fa3_args &a,
                                                         const fa3_mask_info &mi, int n_min, int row0, int lane,
                                                         int c) {
+    static_assert(KST < 0 || STAGES == 2, "compile-time stages need a two-stage ring");
     constexpr int kKV = BN * D * 2;
-    const int j = kv + i, st = j % STAGES, sp = (j - 1) % STAGES;
+    const int j = kv + i, st = KST < 0 ? j % STAGES : KST, sp = KST < 0 ? (j - 1) % STAGES : KST ^ 1;
     fa3_pp_sync<PINGPONG>(c); /* K(i) has landed: waited for one block earlier */
     fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
     hp_mbar_wait(r.v_full + 8 * sp, ((j - 1) / STAGES) & 1);
@@ -473,7 +483,13 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
     fa3_release(r.k_empty + 8 * st, lane);
     float factor[2];
-    const bool move = fa3_scores<BN>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
+    bool move;
+    if constexpr (KST < 0) {
+        move = fa3_scores<BN>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
+    } else {
+        move = fa3_softmax<BN>(s, m, l, factor, a.scale_log2, a.max_slack);
+        fa3_pin_scores<BN>(s, factor, l);
+    }
     /* Waiting for the next K block here (it is needed next anyway) puts a loop between the softmax and the
      * wait below; otherwise ptxas hoists that wait above the softmax and P V(i - 1) no longer overlaps it. */
     if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * ((j + 1) % STAGES), ((j + 1) / STAGES) & 1);
@@ -482,6 +498,19 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     fa3_release(r.v_empty + 8 * sp, lane);
     if (move) fa3_rescale<D>(o, factor);
     fa3_convert_p<BN, BF16>(s, p);
+}
+
+/* Blocks i and i + 1, neither masked nor softcapped; K(i) in stage KST. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, int KST>
+static __device__ __forceinline__ void fa3_overlap_pair(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
+                                                        float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
+                                                        float (&m)[2], float (&l)[2], const fa3_args &a,
+                                                        const fa3_mask_info &mi, int n_min, int row0, int lane,
+                                                        int c) {
+    fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, KST>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
+                                                                  lane, c);
+    fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, KST ^ 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                      row0, lane, c);
 }
 
 /* The last P V of a tile (overlapped schedule). */
@@ -689,10 +718,28 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     fa3_scores<BN>(s, m, l, factor, a, mi, n_min, row0, quad);
                     fa3_convert_p<BN, BF16>(s, p);
                     if (nb > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
+                    /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
+                     * compile-time stages; the other blocks (and a lone one) the general step. */
+                    const int fast_lo = max(1, mi.n_lo - n_min);
+                    const int fast_hi = a.softcap_pre != 0.0f ? 0 : min(nb, mi.n_hi - n_min);
 #pragma unroll 1
-                    for (int i = 1; i < nb; ++i)
-                        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS>(i, nb, kv, r, q, s, o, p, m, l, a,
-                                                                                 mi, n_min, row0, lane, c);
+                    for (int i = 1; i < nb;) {
+                        if (i >= fast_lo && i + 1 < fast_hi) {
+                            if ((kv + i) & 1)
+                                fa3_overlap_pair<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 1>(i, nb, kv, r, q, s, o, p,
+                                                                                            m, l, a, mi, n_min, row0,
+                                                                                            lane, c);
+                            else
+                                fa3_overlap_pair<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 0>(i, nb, kv, r, q, s, o, p,
+                                                                                            m, l, a, mi, n_min, row0,
+                                                                                            lane, c);
+                            i += 2;
+                        } else {
+                            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, -1>(i, nb, kv, r, q, s, o, p, m,
+                                                                                         l, a, mi, n_min, row0, lane, c);
+                            ++i;
+                        }
+                    }
                     /* Every Q K^T of the tile has completed. */
                     if (C::kSeparateO && !QRS) fa3_release(bar_q_empty + 8 * c, lane);
                     fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG>(nb, kv, r, o, p, lane, c);
@@ -802,14 +849,15 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
 /* Block-M of the configuration a problem uses (the query-tile height the grid assumes; the Q and O tensor maps
  * move 64 rows, one consumer warpgroup's). Head dim 64 runs three consumer warpgroups (192 rows), except under
  * a causal (or right-windowed) mask up to 4k queries, where two (128 rows) measured faster: the tiles are short
- * and unequal there; and up to 1k queries without a mask (4-10% faster, fewer idle SMs in the last wave).
+ * and unequal there; and up to 512 queries without a mask (fewer idle SMs in the last wave; at 1k 192 rows
+ * became 4% faster once the unmasked blocks issued their wgmmas from uniform registers).
  * FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
 static inline int fa3_block_m(const fa_params *p) {
     if (p->head_dim != 64) return 128;
     const char *env = getenv("FLASHATTN_FA3_BLOCK_M");
     if (env != NULL && (atoi(env) == 128 || atoi(env) == 192)) return atoi(env);
     const int right_bounded = p->causal || p->window_right >= 0;
-    return p->seqlen_q <= (right_bounded ? 4096 : 1024) ? 128 : 192;
+    return p->seqlen_q <= (right_bounded ? 4096 : 512) ? 128 : 192;
 }
 
 #endif /* FLASHATTN_CUDA_FA3_FWD_CUH */

@@ -156,6 +156,12 @@ HP_DEV uint64_t hp_desc_sw128(uint32_t smem_addr, uint32_t lead_byte_offset, uin
            ((uint64_t)((stride_byte_offset >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
+/* desc moved on by off16 16-byte units inside its start-address field, with a 32-bit add on the low word: the
+ * 64-bit add would be carried into the high word with IADD3 + IMAD.X for every wgmma. */
+HP_DEV uint64_t hp_desc_add(uint64_t desc, uint32_t off16) {
+    return (desc & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)desc + off16);
+}
+
 /* ---- registers, barriers ---- */
 
 template <int R>
