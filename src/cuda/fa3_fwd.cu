@@ -98,26 +98,28 @@ static int env_schedule(void) {
 }
 
 /* Key-block width: 128 for head dims 64 and 128 (176 measured slower: the wider S spills), 80 for 256 (two
- * stages of K and V plus Q fill shared memory). Head dim 64 with three consumer warpgroups (192-row tiles) under
- * a causal (right-bounded) mask: 96, where the 160 registers of a consumer do not spill (with 128 they do);
- * that measured 3-9% faster there, and within noise (either way) without a mask. FLASHATTN_FA3_BLOCK_N = 96 |
+ * stages of K and V plus Q fill shared memory). Head dim 64 with three consumer warpgroups (192-row tiles) at
+ * 160 registers: 128 spills in the general (masked) step but not in the unmasked pairs, and measured 3-7% faster
+ * than 96 (which does not spill) under a causal mask at 8k-16k, as without a mask. FLASHATTN_FA3_BLOCK_N = 96 |
  * 128 overrides it for those tiles. */
 static int choose_block_n(const fa_params *p, int block_m) {
     if (p->head_dim == 256) return 80;
     if (p->head_dim == 64 && block_m == 192) {
         const char *env = getenv("FLASHATTN_FA3_BLOCK_N");
         if (env != NULL && (atoi(env) == 96 || atoi(env) == 128)) return atoi(env);
-        return p->causal || p->window_right >= 0 ? 96 : 128;
     }
     return 128;
 }
 
 /* Tiles of unequal length (a causal or right-bounded window mask): the (batch, head) pairs per section of the
  * longest-first tile order (fa3_args.section), as many as keep their K and V within about 32 MB of L2. Equal
- * tiles, or FLASHATTN_FA3_ORDER = head: 0, head-major. */
+ * tiles, or FLASHATTN_FA3_ORDER = head: 0, head-major; also head dim 256 up to 1k queries, where the tiles (one
+ * CTA each, 8 per head at 1k) are short and head-major measured 2-4% faster in three calls (from 2k on longest
+ * first is as fast or, from 4k, 5-12% faster). */
 static int longest_first_section(const fa_params *p, int right_bounded) {
     const char *env = getenv("FLASHATTN_FA3_ORDER");
     if (!right_bounded || (env != NULL && strcmp(env, "head") == 0)) return 0;
+    if (p->head_dim == 256 && p->seqlen_q <= 1024) return 0;
     const int64_t pairs = (int64_t)p->heads_q * p->batch;
     const int64_t kv_bytes = (int64_t)p->seqlen_k * p->head_dim * 4 / (p->heads_q / p->heads_kv); /* per query head */
     int64_t n = ((int64_t)32 << 20) / (kv_bytes > 0 ? kv_bytes : 1);

@@ -310,20 +310,24 @@ static __device__ __forceinline__ void fa3_mask(float (&s)[BN / 2], int n0, int 
 /* Online softmax on one block of S (in place: S becomes P). m holds the max that P is taken against, per row,
  * l the thread's partial row sums. The max is only moved (and O must then be rescaled by factor) when some row
  * of the warp has grown by more than `slack` (in units of S; 8 in the exponent of 2): until then P may reach 2^8,
- * harmless in fp32 and in the 16-bit P, and most blocks skip the rescale of O. Returns whether the warp moved
- * its max (the same for the whole warp). */
+ * harmless in fp32 and in the 16-bit P, and most blocks skip the rescale of O. Whether to move is decided on the
+ * thread's own maxima (a row grew by more than slack iff one of its four threads saw it), so the shuffles that
+ * form the row maxima run only when the max moves; the thread's maxima are four FMNMX chains, not one. Returns
+ * whether the warp moved its max (the same for the whole warp). */
 template <int BN>
 static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                    float (&factor)[2], float scale_log2, float slack) {
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int c = 0; c < BN / 8; ++c)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], fmaxf(s[4 * c + 2 * h], s[4 * c + 2 * h + 1]));
+    constexpr int kChains = 4; /* independent FMNMX chains per row, joined at the end */
+    float mx[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        float t[kChains];
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) t[c] = fmaxf(s[4 * c + 2 * h], s[4 * c + 2 * h + 1]);
+#pragma unroll
+        for (int c = kChains; c < BN / 8; ++c)
+            t[c % kChains] = fmaxf(t[c % kChains], fmaxf(s[4 * c + 2 * h], s[4 * c + 2 * h + 1]));
+        mx[h] = fmaxf(fmaxf(t[0], t[1]), fmaxf(t[2], t[3]));
     }
     /* mx > m + slack is also true when m is -inf (no key seen yet) and mx is not. */
     const bool move = __any_sync(0xffffffffu, mx[0] > m[0] + slack || mx[1] > m[1] + slack);
@@ -331,6 +335,9 @@ static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (move) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            mx[h] = fmaxf(mx[h], m[h]);
             const float use = mx[h] == -INFINITY ? 0.0f : mx[h]; /* a row that has seen no key yet */
             factor[h] = hp_exp2((m[h] - use) * scale_log2);
             m[h] = mx[h];

@@ -1,7 +1,7 @@
 /*
  * fa3_fwd_hdim64.cu - FA3 forward instantiations for head dim 64: 192-row tiles with three consumer warpgroups
- * (overlap + ping-pong) and 128-key blocks, or 96-key blocks under a causal mask (at 160 registers a 128-key
- * block spills); or 128 x 128 tiles with two (overlap only, Q K^T with Q from registers; short problems). For
+ * (overlap + ping-pong) and 128-key blocks (96-key blocks, which do not spill at 160 registers, to measure
+ * against); or 128 x 128 tiles with two (overlap only, Q K^T with Q from registers; short problems). For
  * bf16 also the 128 x 128 schedules to measure against: Q from shared memory (FLASHATTN_FA3_SCHEDULE = overlap)
  * and that with ping-pong (full).
  */
