@@ -29,6 +29,7 @@ VARIANTS = {
     "m192": ((64,), {"FLASHATTN_FA3_BLOCK_M": "192"}, 1),
     "n96": ((64,), {"FLASHATTN_FA3_BLOCK_N": "96"}, 1),  # 192-row tiles with 96-key blocks
     "n128": ((64,), {"FLASHATTN_FA3_BLOCK_N": "128"}, 1),  # 192-row tiles with 128-key blocks (spills)
+    "pp128": ((64,), {"FLASHATTN_FA3_BLOCK_M": "128", "FLASHATTN_FA3_SCHEDULE": "full"}, 1),  # 128 rows, ping-pong
 }
 KNOBS = ("FLASHATTN_FA3_SCHEDULER", "FLASHATTN_FA3_SCHEDULE", "FLASHATTN_FA3_BLOCK_M", "FLASHATTN_FA3_LAZY",
          "FLASHATTN_FA3_ORDER", "FLASHATTN_FA3_BLOCK_N")

@@ -8,7 +8,7 @@
  * FLASHATTN_FA3_BLOCK_M = 128 | 192 the query tile of head dim 64, FLASHATTN_FA3_BLOCK_N = 96 | 128 the key
  * block of its 192-row tiles; FLASHATTN_FA3_SCHEDULER = dynamic (tiles from the atomic counter) | static
  * (round robin) | grid (one CTA per tile, not persistent); FLASHATTN_FA3_LAZY = 0 rescales O whenever a row max
- * grows; FLASHATTN_FA3_ORDER = head keeps causal tiles in head-major order.
+ * grows; FLASHATTN_FA3_ORDER = head keeps causal tiles in head-major order, = longest longest first everywhere.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -115,11 +115,11 @@ static int choose_block_n(const fa_params *p, int block_m) {
  * longest-first tile order (fa3_args.section), as many as keep their K and V within about 32 MB of L2. Equal
  * tiles, or FLASHATTN_FA3_ORDER = head: 0, head-major; also head dim 256 up to 1k queries, where the tiles (one
  * CTA each, 8 per head at 1k) are short and head-major measured 2-4% faster in three calls (from 2k on longest
- * first is as fast or, from 4k, 5-12% faster). */
+ * first is as fast or, from 4k, 5-12% faster). FLASHATTN_FA3_ORDER = longest: longest first there too. */
 static int longest_first_section(const fa_params *p, int right_bounded) {
     const char *env = getenv("FLASHATTN_FA3_ORDER");
     if (!right_bounded || (env != NULL && strcmp(env, "head") == 0)) return 0;
-    if (p->head_dim == 256 && p->seqlen_q <= 1024) return 0;
+    if (p->head_dim == 256 && p->seqlen_q <= 1024 && !(env != NULL && strcmp(env, "longest") == 0)) return 0;
     const int64_t pairs = (int64_t)p->heads_q * p->batch;
     const int64_t kv_bytes = (int64_t)p->seqlen_k * p->head_dim * 4 / (p->heads_q / p->heads_kv); /* per query head */
     int64_t n = ((int64_t)32 << 20) / (kv_bytes > 0 ? kv_bytes : 1);

@@ -855,16 +855,17 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
 
 /* Block-M of the configuration a problem uses (the query-tile height the grid assumes; the Q and O tensor maps
  * move 64 rows, one consumer warpgroup's). Head dim 64 runs three consumer warpgroups (192 rows), except under
- * a causal (or right-windowed) mask up to 4k queries, where two (128 rows) measured faster: the tiles are short
- * and unequal there; and up to 512 queries without a mask (fewer idle SMs in the last wave; at 1k 192 rows
- * became 4% faster once the unmasked blocks issued their wgmmas from uniform registers).
+ * a causal (or right-windowed) mask up to 1k queries, where two (128 rows) measured 10% faster: the tiles are
+ * few, short and unequal there. From 2k on 192 rows measured 5-10% faster under the mask and without one at
+ * every length (+8% at 512), by the library's own benchmark; interleaved with the peers in their (batch, heads,
+ * seqlen) layout (dev/hopper/compare.py) the two read within noise up to 4k.
  * FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
 static inline int fa3_block_m(const fa_params *p) {
     if (p->head_dim != 64) return 128;
     const char *env = getenv("FLASHATTN_FA3_BLOCK_M");
     if (env != NULL && (atoi(env) == 128 || atoi(env) == 192)) return atoi(env);
     const int right_bounded = p->causal || p->window_right >= 0;
-    return p->seqlen_q <= (right_bounded ? 4096 : 512) ? 128 : 192;
+    return right_bounded && p->seqlen_q <= 1024 ? 128 : 192;
 }
 
 #endif /* FLASHATTN_CUDA_FA3_FWD_CUH */
