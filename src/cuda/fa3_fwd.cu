@@ -114,7 +114,7 @@ static int choose_block_n(const fa_params *p, int block_m) {
 /* Tiles of unequal length (a causal or right-bounded window mask): the (batch, head) pairs per section of the
  * longest-first tile order (fa3_args.section), as many as keep their K and V within about 32 MB of L2. Equal
  * tiles, or FLASHATTN_FA3_ORDER = head: 0, head-major; also head dim 256 up to 1k queries, where the tiles (8
- * per head at 1k) are short and head-major measured as fast at 1k and 11% faster at 512 (from 2k on longest
+ * per head at 1k) are short and head-major measured as fast at 1k and 7-11% faster at 512 (from 2k on longest
  * first is as fast or, from 4k, 5-12% faster). FLASHATTN_FA3_ORDER = longest: longest first there too. */
 static int longest_first_section(const fa_params *p, int right_bounded) {
     const char *env = getenv("FLASHATTN_FA3_ORDER");
