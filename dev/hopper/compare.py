@@ -6,7 +6,8 @@ heads * head_dim = 2048. cuDNN and our default are each timed twice per config (
 
   dev/hopper/compare.py LIB [--head-dims 64,128,256] [--seqlens ...] [--variants] [--alt NAME=LIB ...] [--json FILE]
 
---alt times another build of libfa3dev.so (e.g. the previous commit's) as one more variant of every config.
+--alt times another build of libfa3dev.so (e.g. the previous commit's) as one more variant of every config
+(with --variants, which times the variants).
 """
 import argparse
 import ctypes
@@ -27,8 +28,8 @@ VARIANTS = {
     "grid": ((64, 128), {"FLASHATTN_FA3_SCHEDULER": "grid"}, 1),  # one CTA per tile
     "m128": ((64,), {"FLASHATTN_FA3_BLOCK_M": "128"}, 1),
     "m192": ((64,), {"FLASHATTN_FA3_BLOCK_M": "192"}, 1),
-    "n96": ((64,), {"FLASHATTN_FA3_BLOCK_N": "96"}, 1),  # 192-row tiles with 96-key blocks
-    "n128": ((64,), {"FLASHATTN_FA3_BLOCK_N": "128"}, 1),  # 192-row tiles with 128-key blocks (spills)
+    "n96": ((64,), {"FLASHATTN_FA3_BLOCK_N": "96"}, 1),  # 192-row tiles with 96-key blocks (no spill)
+    "n128": ((64,), {"FLASHATTN_FA3_BLOCK_N": "128"}, 1),  # 192-row tiles with 128-key blocks (the default)
     "pp128": ((64,), {"FLASHATTN_FA3_BLOCK_M": "128", "FLASHATTN_FA3_SCHEDULE": "full"}, 1),  # 128 rows, ping-pong
 }
 KNOBS = ("FLASHATTN_FA3_SCHEDULER", "FLASHATTN_FA3_SCHEDULE", "FLASHATTN_FA3_BLOCK_M", "FLASHATTN_FA3_LAZY",

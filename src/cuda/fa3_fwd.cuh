@@ -17,7 +17,9 @@
  *                O += P V (wgmma with V from shared memory, MN-major). setmaxnreg moves registers from producer
  *                to consumers.
  *   OVERLAP      the next block's Q K^T is issued before the current block's softmax (two-stage pipeline
- *                inside a warpgroup).
+ *                inside a warpgroup). Blocks that need neither mask nor softcap run in pairs whose ring stages
+ *                are compile-time constants (fa3_overlap_pair), so that their wgmma descriptors stay on the
+ *                uniform datapath; the others take the general step (fa3_overlap_step with KST < 0).
  *   PINGPONG     named barriers order the GEMM issue of the consumer warpgroups round robin, so that one
  *                warpgroup's softmax runs while another's GEMMs occupy the tensor cores.
  * Epilogue: O / l converted to 16 bits into shared memory (swizzled as TMA expects: a buffer of its own where
