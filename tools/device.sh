@@ -81,7 +81,8 @@ part_test() {
 }
 
 # compute-sanitizer over flashattn check, forward and backward, for each kernel family. Exit status 3 from
-# the CLI means the shape is unsupported by that family: recorded, not a failure.
+# the CLI means the shape is unsupported by that family: recorded, not a failure. A shape may start with
+# NAME=VALUE words: the environment of its runs.
 part_sanitize() {
     local cs
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
@@ -92,6 +93,7 @@ part_sanitize() {
         "--dtype bf16 --batch 3 --seqlen-q 150 --seqlen-k 150 --heads 4 --heads-kv 1 --head-dim 128 --varlen --window 32,8 --softcap 30 --alibi"
         "--dtype bf16 --batch 1 --seqlen-q 96 --seqlen-k 96 --heads 2 --head-dim 256 --causal"
         "--dtype bf16 --batch 2 --seqlen-q 200 --seqlen-k 300 --heads 4 --heads-kv 2 --head-dim 128 --causal --varlen"
+        "FLASHATTN_FA3_BLOCK_M=192 --dtype bf16 --batch 3 --seqlen-q 300 --seqlen-k 300 --heads 4 --heads-kv 2 --head-dim 64 --causal --varlen"
     )
     [ $QUICK -eq 1 ] && shapes=("${shapes[0]}")
     local pass=0 fail=0 unsupported=0
@@ -99,9 +101,11 @@ part_sanitize() {
     for tool in memcheck racecheck; do
         for kernel in fa2 fa3; do
             for shape in "${shapes[@]}"; do
-                local cmd=("$cs" --tool "$tool" --error-exitcode 99)
+                local envs=()
+                while [[ $shape == *=*\ * && ${shape%% *} == *=* ]]; do envs+=("${shape%% *}"); shape=${shape#* }; done
+                local cmd=(env "${envs[@]}" "$cs" --tool "$tool" --error-exitcode 99)
                 [ "$tool" = memcheck ] && cmd+=(--leak-check full)
-                echo "== $tool: $FA check --backend cuda --kernel $kernel --bwd $shape" >> "$OUT/sanitize.log"
+                echo "== $tool: ${envs[*]} $FA check --backend cuda --kernel $kernel --bwd $shape" >> "$OUT/sanitize.log"
                 # shellcheck disable=SC2086
                 "${cmd[@]}" "$FA" check --backend cuda --kernel $kernel --bwd $shape >> "$OUT/sanitize.log" 2>&1
                 local rc=$?

@@ -8,7 +8,8 @@
  * FLASHATTN_FA3_BLOCK_M = 128 | 192 the query tile of head dim 64, FLASHATTN_FA3_BLOCK_N = 96 | 128 the key
  * block of its 192-row tiles; FLASHATTN_FA3_SCHEDULER = dynamic (tiles from the atomic counter) | static
  * (round robin) | grid (one CTA per tile, not persistent); FLASHATTN_FA3_LAZY = 0 rescales O whenever a row max
- * grows; FLASHATTN_FA3_ORDER = head keeps causal tiles in head-major order, = longest longest first everywhere.
+ * grows; FLASHATTN_FA3_ORDER = head keeps causal tiles in head-major order, = longest longest first everywhere;
+ * FLASHATTN_FA3_ALIGN = start starts every sequence's first 192-row tile at its row 0 also under a causal mask.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,10 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->group = p->heads_q / p->heads_kv;
     a->num_m_blocks = (p->seqlen_q + block_m - 1) / block_m;
     a->reverse_m = window_right >= 0;
+    /* 192-row tiles under a right-bounded mask end at the last query, so that a partial tile is the first,
+     * shortest one (FLASHATTN_FA3_ALIGN = start: the partial tile last, as without a mask). */
+    const char *align = getenv("FLASHATTN_FA3_ALIGN");
+    a->align_end = block_m == 192 && a->reverse_m && !(align != NULL && strcmp(align, "start") == 0);
     a->section = longest_first_section(p, a->reverse_m);
     a->cu_q = p->cu_seqlens_q;
     a->cu_k = p->cu_seqlens_k;

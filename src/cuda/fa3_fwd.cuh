@@ -4,7 +4,9 @@
  *
  * A persistent grid (one CTA per SM) walks tiles of kBlockM = 64 * NWG query rows of one (batch, head); tiles
  * come from an atomic counter (or round robin) in head-major order, or under a causal mask longest first across
- * the heads of an L2-sized section (fa3_tile_get). In a CTA:
+ * the heads of an L2-sized section (fa3_tile_get). With three consumer warpgroups a warpgroup whose 64 rows lie
+ * outside the sequence skips the tile (fa3_idle_tile), and under a causal mask the tiles end at the last query,
+ * so that the partial tile is the first, shortest one. In a CTA:
  *   warpgroup 0  producer: one thread fetches the next tile index and issues TMA loads of Q (once per tile)
  *                and of K and V blocks into a STAGES-deep ring; each load completes on a "full" mbarrier with
  *                expected transaction bytes, and a slot is refilled once the consumers have arrived on its
@@ -51,6 +53,7 @@ struct fa3_args {
     int group;        /* heads_q / heads_kv */
     int num_m_blocks; /* query blocks per (batch, head) */
     int reverse_m;    /* 1: a head's tiles take its query blocks from the last (the longest under a causal mask) */
+    int align_end;    /* 1: a sequence's query tiles end at its last 64 rows, so that a partial tile is the first */
     int section;      /* > 0: tiles go m-major through sections of this many (batch, head) pairs; 0: head-major */
     const int32_t *cu_q, *cu_k;
     float scale_log2;  /* multiplies S (or tanh(S * softcap_pre) with softcap) inside exp2 */
@@ -124,9 +127,12 @@ struct fa3_cfg {
  * warpgroup for its epilogue. */
 #define FA3_BAR_PINGPONG 1
 
-/* Where one tile lies: query rows [m0, m0 + kBlockM) of (b, h), key blocks [n_min, n_min + nblocks). */
+/* Where one tile lies: query rows [m0 - shift, m0 - shift + kBlockM) of (b, h), key blocks [n_min, n_min +
+ * nblocks). m0 is the tile's place in the grid of kBlockM rows; shift, a multiple of 64, moves the tiles up so
+ * that they end with the sequence's last 64-row group (align_end). The first tile then starts before row 0: its
+ * first warpgroups have no rows. */
 struct fa3_tile {
-    int m0, h, b;
+    int m0, shift, h, b;
     int len_q, len_k, tok_q, tok_k;
     int row_last; /* last query row of the tile inside the sequence */
     int n_min, nblocks;
@@ -139,7 +145,7 @@ struct fa3_tile {
  * heads. With reverse_m (from the last query block, the longest under a causal mask) that hands out the longest
  * tiles first and leaves only short ones for the end of the grid; head-major, the last head's longest tile
  * starts near the end and the other SMs idle while it runs. */
-template <int BM, int BN>
+template <int BM, int BN, bool ALIGN>
 static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile, fa3_tile &g) {
     int bh, mi;
     if (a.section > 0) {
@@ -164,13 +170,23 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
         g.len_q = a.cu_q[g.b + 1] - g.tok_q;
         g.len_k = a.cu_k[g.b + 1] - g.tok_k;
     }
+    /* Aligned to the end (ALIGN: kernels whose idle warpgroups skip their work), the warpgroups a partial tile
+     * lacks are taken off the first tile: under a causal mask the shortest one, so the tiles are 1-2 key blocks
+     * shorter than with the partial tile last (the longest). */
     g.m0 = m_block * BM;
-    if (g.m0 >= g.len_q) return false;
+    g.shift = 0;
+    if (ALIGN && a.align_end) {
+        const int tiles_q = (g.len_q + BM - 1) / BM;
+        if (m_block >= tiles_q) return false;
+        g.shift = (tiles_q * BM - g.len_q) / 64 * 64;
+    } else if (g.m0 >= g.len_q) {
+        return false;
+    }
     const int off = g.len_k - g.len_q; /* query i sits at key position i + off */
-    g.row_last = min(g.m0 + BM, g.len_q) - 1;
+    g.row_last = min(g.m0 - g.shift + BM, g.len_q) - 1;
     long long key_hi = g.len_k, key_lo = 0;
     if (a.window_right >= 0) key_hi = min(key_hi, (long long)g.row_last + off + a.window_right + 1);
-    if (a.window_left >= 0) key_lo = max(key_lo, (long long)g.m0 + off - a.window_left);
+    if (a.window_left >= 0) key_lo = max(key_lo, (long long)g.m0 - g.shift + off - a.window_left);
     g.n_min = 0;
     g.nblocks = 0;
     if (key_hi > key_lo) {
@@ -187,7 +203,7 @@ static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const f
     const long long off = g.len_k - g.len_q;
     long long hi = g.len_k / BN;
     if (a.window_right >= 0) {
-        const long long t = g.m0 + off + a.window_right + 1;
+        const long long t = g.m0 - g.shift + off + a.window_right + 1; /* before row 0 only more blocks masked */
         hi = min(hi, t <= 0 ? 0 : t / BN);
     }
     long long lo = 0;
@@ -197,6 +213,14 @@ static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const f
     }
     n_lo = (int)lo;
     n_hi = (int)hi;
+}
+
+/* Whether consumer warpgroup w has any of its 64 rows inside the sequence. One that has none (the rows a
+ * partial tile lacks) skips the tile's work and only keeps the barriers' counts (kernels with three consumer
+ * warpgroups; in the others, whose 128-row tiles lose less, the extra code made ptxas spill). */
+static __device__ __forceinline__ bool fa3_wg_has_rows(const fa3_tile &g, int w) {
+    const int r0 = g.m0 - g.shift + 64 * w;
+    return r0 >= 0 && r0 < g.len_q;
 }
 
 #if FA_SM90A
@@ -315,8 +339,21 @@ static __device__ __forceinline__ void fa3_mask(float (&s)[BN / 2], int n0, int 
  * harmless in fp32 and in the 16-bit P, and most blocks skip the rescale of O. Whether to move is decided on the
  * thread's own maxima (a row grew by more than slack iff one of its four threads saw it), so the shuffles that
  * form the row maxima run only when the max moves; the thread's maxima are four FMNMX chains, not one. Returns
- * whether the warp moved its max (the same for the whole warp). */
-template <int BN>
+ * whether the warp moved its max (the same for the whole warp).
+ * JOINT: one branch moves both rows' maxima. With a branch per row ptxas may schedule the first row's
+ * exponentials between the two, as one burst on the MUFU pipe instead of interleaved with the row sums: seen
+ * in the three-warpgroup kernels, 6% slower at head dim 64. The two-warpgroup kernels keep a branch per row
+ * (with one, head dim 256 spills more). */
+static __device__ __forceinline__ void fa3_move_max(float &mx, float &m, float &factor, float scale_log2) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(mx, m);
+    const float use = mx == -INFINITY ? 0.0f : mx; /* a row that has seen no key yet */
+    factor = hp_exp2((m - use) * scale_log2);
+    m = mx;
+}
+
+template <int BN, bool JOINT>
 static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                    float (&factor)[2], float scale_log2, float slack) {
     constexpr int kChains = 4; /* independent FMNMX chains per row, joined at the end */
@@ -334,19 +371,24 @@ static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m
     /* mx > m + slack is also true when m is -inf (no key seen yet) and mx is not. */
     const bool move = __any_sync(0xffffffffu, mx[0] > m[0] + slack || mx[1] > m[1] + slack);
     float neg_max[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    if (JOINT) {
         if (move) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            mx[h] = fmaxf(mx[h], m[h]);
-            const float use = mx[h] == -INFINITY ? 0.0f : mx[h]; /* a row that has seen no key yet */
-            factor[h] = hp_exp2((m[h] - use) * scale_log2);
-            m[h] = mx[h];
+            fa3_move_max(mx[0], m[0], factor[0], scale_log2);
+            fa3_move_max(mx[1], m[1], factor[1], scale_log2);
         } else {
-            factor[h] = 1.0f;
+            factor[0] = factor[1] = 1.0f;
         }
-        neg_max[h] = -(m[h] == -INFINITY ? 0.0f : m[h]) * scale_log2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) neg_max[h] = -(m[h] == -INFINITY ? 0.0f : m[h]) * scale_log2;
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (move)
+                fa3_move_max(mx[h], m[h], factor[h], scale_log2);
+            else
+                factor[h] = 1.0f;
+            neg_max[h] = -(m[h] == -INFINITY ? 0.0f : m[h]) * scale_log2;
+        }
     }
     float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
 #pragma unroll
@@ -397,7 +439,7 @@ static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float 
     hp_fence_reg(l[1]);
 }
 
-template <int BN>
+template <int BN, bool JOINT>
 static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                   float (&factor)[2], const fa3_args &a, const fa3_mask_info &mi,
                                                   int n, int row0, int quad) {
@@ -407,7 +449,7 @@ static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)
     }
     if (n < mi.n_lo || n >= mi.n_hi)
         fa3_mask<BN>(s, n * BN, row0, quad, mi.len_k, mi.off, a.window_left, a.window_right);
-    const bool move = fa3_softmax<BN>(s, m, l, factor, a.scale_log2, a.max_slack);
+    const bool move = fa3_softmax<BN, JOINT>(s, m, l, factor, a.scale_log2, a.max_slack);
     fa3_pin_scores<BN>(s, factor, l);
     return move;
 }
@@ -494,9 +536,9 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     float factor[2];
     bool move;
     if constexpr (KST < 0) {
-        move = fa3_scores<BN>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
+        move = fa3_scores<BN, NWG == 3>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
     } else {
-        move = fa3_softmax<BN>(s, m, l, factor, a.scale_log2, a.max_slack);
+        move = fa3_softmax<BN, NWG == 3>(s, m, l, factor, a.scale_log2, a.max_slack);
         fa3_pin_scores<BN>(s, factor, l);
     }
     /* Waiting for the next K block here (it is needed next anyway) puts a loop between the softmax and the
@@ -536,6 +578,39 @@ static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa
     fa3_release(r.v_empty + 8 * sl, lane);
 }
 
+/* A tile in which this warpgroup has no rows: it issues nothing, but takes its turns of the ping-pong and
+ * releases Q and every K and V block like the others, so that the barriers' counts and phases stay what the
+ * producer and the other warpgroups expect. A block is released only once it has landed: an early arrival
+ * would count towards the stage's previous use. */
+template <int NWG, int STAGES, bool OVERLAP, bool PINGPONG>
+static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_ring &r, uint32_t q_full,
+                                                     uint32_t q_empty, uint32_t q_parity, int lane, int c) {
+    if (PINGPONG && c == NWG - 1) hp_bar_arrive(FA3_BAR_PINGPONG, 256);
+    hp_mbar_wait(q_full, q_parity);
+    fa3_release(q_empty, lane);
+#pragma unroll 1
+    for (int i = 0; i < nb; ++i) {
+        /* The turns: per block one (overlapped: Q K(i)^T with P V(i - 1)) or two (Q K^T, then P V), and with the
+         * overlap a last one for the tile's last P V. */
+        fa3_pp_sync<PINGPONG>(c);
+        fa3_pp_arrive<PINGPONG, NWG>(c, false);
+        if (!OVERLAP) {
+            fa3_pp_sync<PINGPONG>(c);
+            fa3_pp_arrive<PINGPONG, NWG>(c, i == nb - 1);
+        }
+        const int j = kv + i, st = j % STAGES;
+        const uint32_t parity = (j / STAGES) & 1;
+        hp_mbar_wait(r.k_full + 8 * st, parity);
+        fa3_release(r.k_empty + 8 * st, lane);
+        hp_mbar_wait(r.v_full + 8 * st, parity);
+        fa3_release(r.v_empty + 8 * st, lane);
+    }
+    if (OVERLAP) {
+        fa3_pp_sync<PINGPONG>(c);
+        fa3_pp_arrive<PINGPONG, NWG>(c, true);
+    }
+}
+
 #endif /* FA_SM90A */
 
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
@@ -548,6 +623,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 #if FA_SM90A
     typedef fa3_cfg<D, BN, NWG, STAGES> C;
     constexpr int BM = C::kBlockM;
+    constexpr bool kSkipIdle = NWG == 3; /* warpgroups without rows skip the tile (fa3_wg_has_rows) */
     /* With Q in registers its tile is free once loaded; O must then have tiles of its own. */
     static_assert(!QRS || C::kSeparateO, "Q in registers needs separate O tiles");
 
@@ -604,7 +680,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 hp_mbar_arrive(bar_tile_full + 8 * slot);
                 if (tile >= a.num_tiles) break;
                 fa3_tile g;
-                if (fa3_tile_get<BM, BN>(a, tile, g) && g.nblocks > 0) {
+                if (fa3_tile_get<BM, BN, kSkipIdle>(a, tile, g) && g.nblocks > 0) {
                     const int bq = varlen ? 0 : g.b, hk = g.h / a.group;
                     /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
                      * The first K block goes before Q, which may wait for the previous tile's epilogue. */
@@ -619,9 +695,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         if (i == 0) {
                             for (int w = 0; w < NWG; ++w) {
                                 hp_mbar_wait(bar_q_empty + 8 * w, (q_loads & 1) ^ 1);
-                                hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
-                                hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
-                                               g.tok_q + g.m0 + 64 * w, 0, g.h, bq);
+                                if (!kSkipIdle || fa3_wg_has_rows(g, w)) {
+                                    hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
+                                    hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
+                                                   g.tok_q + g.m0 - g.shift + 64 * w, 0, g.h, bq);
+                                } else {
+                                    hp_mbar_arrive(bar_q_full + 8 * w);
+                                }
                             }
                             ++q_loads;
                         } else {
@@ -685,13 +765,26 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             fa3_release(bar_tile_empty + 8 * slot, lane);
             if (tile >= a.num_tiles) break;
             fa3_tile g;
-            if (!fa3_tile_get<BM, BN>(a, tile, g)) continue;
-            const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4; /* the thread's rows: row0 and row0 + 8 */
+            if (!fa3_tile_get<BM, BN, kSkipIdle>(a, tile, g)) continue;
+            /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
+             * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
+             * arithmetic as without it (with the shift in row0 ptxas scheduled the unmasked steps worse). */
+            const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4;
             const int nb = g.nblocks, n_min = g.n_min;
+            if (kSkipIdle && !fa3_wg_has_rows(g, c)) {
+                if (nb > 0) {
+                    const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty};
+                    fa3_idle_tile<NWG, STAGES, OVERLAP, PINGPONG>(nb, kv, r, bar_q_full + 8 * c, bar_q_empty + 8 * c,
+                                                                 q_uses & 1, lane, c);
+                    kv += nb;
+                    ++q_uses;
+                }
+                continue;
+            }
             fa3_mask_info mi;
             fa3_mask_range<BN>(a, g, mi.n_lo, mi.n_hi);
             mi.len_k = g.len_k;
-            mi.off = g.len_k - g.len_q;
+            mi.off = g.len_k - g.len_q - g.shift;
 
             float o[D / 2];
 #pragma unroll
@@ -724,7 +817,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 #pragma unroll
                     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
                     fa3_release(bar_k_empty + 8 * st0, lane);
-                    fa3_scores<BN>(s, m, l, factor, a, mi, n_min, row0, quad);
+                    fa3_scores<BN, NWG == 3>(s, m, l, factor, a, mi, n_min, row0, quad);
                     fa3_convert_p<BN, BF16>(s, p);
                     if (nb > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
                     /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
@@ -766,7 +859,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
                         fa3_release(bar_k_empty + 8 * st, lane);
                         if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(bar_q_empty + 8 * c, lane);
-                        if (fa3_scores<BN>(s, m, l, factor, a, mi, n_min + i, row0, quad)) fa3_rescale<D>(o, factor);
+                        if (fa3_scores<BN, NWG == 3>(s, m, l, factor, a, mi, n_min + i, row0, quad))
+                            fa3_rescale<D>(o, factor);
                         fa3_convert_p<BN, BF16>(s, p);
                         hp_mbar_wait(bar_v_wait + 8 * st, parity);
                         fa3_pp_sync<PINGPONG>(c);
@@ -780,7 +874,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             }
 
             /* The geometry again rather than kept in registers through the loop. */
-            fa3_tile_get<BM, BN>(a, tile, g);
+            fa3_tile_get<BM, BN, kSkipIdle>(a, tile, g);
 
             /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */
             float inv[2], lse[2];
@@ -792,10 +886,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 inv[hh] = empty ? 0.0f : 1.0f / l[hh];
                 lse[hh] = empty ? -INFINITY : (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f;
             }
+            const int seq_row0 = row0 - g.shift;
             if (a.lse != nullptr && quad == 0) {
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
-                    const int r = row0 + 8 * hh;
+                    const int r = seq_row0 + 8 * hh;
                     if (r < g.len_q) {
                         const int64_t idx = varlen ? (int64_t)g.h * a.total_q + g.tok_q + r
                                                               : ((int64_t)g.b * a.heads_q + g.h) * a.seqlen_q + r;
@@ -807,7 +902,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             /* O through shared memory and one TMA store (rows past a dense sequence's end fall outside the
              * tensor map and are not written); directly for tiles that saw no key and varlen tiles that reach
              * past their sequence. */
-            const int wg_row0 = g.m0 + 64 * c;
+            const int wg_row0 = g.m0 - g.shift + 64 * c;
             const bool tma_store = nb > 0 && (!varlen || wg_row0 + 64 <= g.len_q);
             if (tma_store) {
                 const uint32_t s_o = C::kSeparateO ? s_obuf + c * C::kQBytes : s_q + c * C::kQBytes;
@@ -827,7 +922,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     }
                 }
             } else {
-                fa3_o_to_global<D, BF16>(o, inv, a, g, row0, quad);
+                fa3_o_to_global<D, BF16>(o, inv, a, g, seq_row0, quad);
                 if (!C::kSeparateO && nb > 0) fa3_release(bar_q_empty + 8 * c, lane);
             }
             if (nb > 0) {
@@ -857,17 +952,16 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
 
 /* Block-M of the configuration a problem uses (the query-tile height the grid assumes; the Q and O tensor maps
  * move 64 rows, one consumer warpgroup's). Head dim 64 runs three consumer warpgroups (192 rows), except under
- * a causal (or right-windowed) mask up to 1k queries, where two (128 rows) measured 10% faster: the tiles are
- * few, short and unequal there. From 2k on 192 rows measured 5-10% faster under the mask and without one at
- * every length (+8% at 512), by the library's own benchmark; interleaved with the peers in their (batch, heads,
- * seqlen) layout (dev/hopper/compare.py) the two read within noise up to 4k.
- * FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
+ * a causal (or right-windowed) mask below 1k queries, where two (128 rows) measured 2% faster at 512: the tiles
+ * are few, short and unequal there. Since warpgroups without rows skip their work and causal tiles end at the
+ * last query, 192 rows are ahead from 1k on (+2.4% at 1k; from 2k 5-10%, by the library's own benchmark) and
+ * without a mask at every length. FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
 static inline int fa3_block_m(const fa_params *p) {
     if (p->head_dim != 64) return 128;
     const char *env = getenv("FLASHATTN_FA3_BLOCK_M");
     if (env != NULL && (atoi(env) == 128 || atoi(env) == 192)) return atoi(env);
     const int right_bounded = p->causal || p->window_right >= 0;
-    return right_bounded && p->seqlen_q <= 1024 ? 128 : 192;
+    return right_bounded && p->seqlen_q < 1024 ? 128 : 192;
 }
 
 #endif /* FLASHATTN_CUDA_FA3_FWD_CUH */
