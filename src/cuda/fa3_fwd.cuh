@@ -578,20 +578,15 @@ static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa
     fa3_release(r.v_empty + 8 * sl, lane);
 }
 
-/* A tile in which this warpgroup has no rows: it issues nothing, but takes its turns of the ping-pong and
- * releases Q and every K and V block like the others, so that the barriers' counts and phases stay what the
- * producer and the other warpgroups expect. A block is released only once it has landed: an early arrival
- * would count towards the stage's previous use. */
+/* Key blocks [i0, nb) of the tile that this warpgroup does not compute: it issues nothing, but takes its turns
+ * of the ping-pong and releases every K and V block like the others, so that the barriers' counts and phases
+ * stay what the producer and the other warpgroups expect. A block is released only once it has landed: an
+ * early arrival would count towards the stage's previous use. The turns: per block one (overlapped: Q K(i)^T
+ * with P V(i - 1)) or two (Q K^T, then P V). */
 template <int NWG, int STAGES, bool OVERLAP, bool PINGPONG>
-static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_ring &r, uint32_t q_full,
-                                                     uint32_t q_empty, uint32_t q_parity, int lane, int c) {
-    if (PINGPONG && c == NWG - 1) hp_bar_arrive(FA3_BAR_PINGPONG, 256);
-    hp_mbar_wait(q_full, q_parity);
-    fa3_release(q_empty, lane);
+static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, const fa3_ring &r, int lane, int c) {
 #pragma unroll 1
-    for (int i = 0; i < nb; ++i) {
-        /* The turns: per block one (overlapped: Q K(i)^T with P V(i - 1)) or two (Q K^T, then P V), and with the
-         * overlap a last one for the tile's last P V. */
+    for (int i = i0; i < nb; ++i) {
         fa3_pp_sync<PINGPONG>(c);
         fa3_pp_arrive<PINGPONG, NWG>(c, false);
         if (!OVERLAP) {
@@ -605,6 +600,17 @@ static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_r
         hp_mbar_wait(r.v_full + 8 * st, parity);
         fa3_release(r.v_empty + 8 * st, lane);
     }
+}
+
+/* A tile in which this warpgroup has no rows: Q and every block skipped, and with the overlap the turn of the
+ * tile's last P V. */
+template <int NWG, int STAGES, bool OVERLAP, bool PINGPONG>
+static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_ring &r, uint32_t q_full,
+                                                     uint32_t q_empty, uint32_t q_parity, int lane, int c) {
+    if (PINGPONG && c == NWG - 1) hp_bar_arrive(FA3_BAR_PINGPONG, 256);
+    hp_mbar_wait(q_full, q_parity);
+    fa3_release(q_empty, lane);
+    fa3_skip_blocks<NWG, STAGES, OVERLAP, PINGPONG>(0, nb, kv, r, lane, c);
     if (OVERLAP) {
         fa3_pp_sync<PINGPONG>(c);
         fa3_pp_arrive<PINGPONG, NWG>(c, true);
@@ -808,6 +814,16 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
                 }
                 if (OVERLAP) {
+                    /* Under a right-bounded mask the rows of the tile's first warpgroups may end before its last
+                     * key blocks, which are then masked out for all of them: such a warpgroup stops after its
+                     * own blocks (nbw) and only takes its turns through the rest. */
+                    int nbw = nb;
+                    if (kSkipIdle && a.window_right >= 0) {
+                        const int wg_last = min(g.m0 - g.shift + 64 * c + 63, g.len_q - 1);
+                        const long long hi = min((long long)g.len_k,
+                                                 (long long)wg_last + g.len_k - g.len_q + a.window_right + 1);
+                        nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
+                    }
                     const int st0 = kv % STAGES;
                     hp_mbar_wait(bar_k_full + 8 * st0, (kv / STAGES) & 1);
                     fa3_pp_sync<PINGPONG>(c);
@@ -819,32 +835,33 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     fa3_release(bar_k_empty + 8 * st0, lane);
                     fa3_scores<BN, NWG == 3>(s, m, l, factor, a, mi, n_min, row0, quad);
                     fa3_convert_p<BN, BF16>(s, p);
-                    if (nb > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
+                    if (nbw > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
                     /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
                      * compile-time stages; the other blocks (and a lone one) the general step. */
                     const int fast_lo = max(1, mi.n_lo - n_min);
-                    const int fast_hi = a.softcap_pre != 0.0f ? 0 : min(nb, mi.n_hi - n_min);
+                    const int fast_hi = a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
 #pragma unroll 1
-                    for (int i = 1; i < nb;) {
+                    for (int i = 1; i < nbw;) {
                         if (i >= fast_lo && i + 1 < fast_hi) {
                             if ((kv + i) & 1)
-                                fa3_overlap_pair<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 1>(i, nb, kv, r, q, s, o, p,
+                                fa3_overlap_pair<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 1>(i, nbw, kv, r, q, s, o, p,
                                                                                             m, l, a, mi, n_min, row0,
                                                                                             lane, c);
                             else
-                                fa3_overlap_pair<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 0>(i, nb, kv, r, q, s, o, p,
+                                fa3_overlap_pair<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 0>(i, nbw, kv, r, q, s, o, p,
                                                                                             m, l, a, mi, n_min, row0,
                                                                                             lane, c);
                             i += 2;
                         } else {
-                            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, -1>(i, nb, kv, r, q, s, o, p, m,
+                            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, -1>(i, nbw, kv, r, q, s, o, p, m,
                                                                                          l, a, mi, n_min, row0, lane, c);
                             ++i;
                         }
                     }
                     /* Every Q K^T of the tile has completed. */
                     if (C::kSeparateO && !QRS) fa3_release(bar_q_empty + 8 * c, lane);
-                    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG>(nb, kv, r, o, p, lane, c);
+                    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG>(nbw, kv, r, o, p, lane, c);
+                    if (kSkipIdle) fa3_skip_blocks<NWG, STAGES, OVERLAP, PINGPONG>(nbw, nb, kv, r, lane, c);
                 } else {
 #pragma unroll 1
                     for (int i = 0; i < nb; ++i) {
