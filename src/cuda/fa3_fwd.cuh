@@ -496,15 +496,29 @@ struct fa3_ring {
     uint32_t k_full, k_empty, v_full, v_empty; /* v_full: where the consumers wait for V (full or ready) */
 };
 
-/* Ping-pong: a consumer warpgroup waits for its turn to issue GEMMs, and passes the turn on after issuing. */
+/* Ping-pong: a consumer warpgroup waits for its turn to issue GEMMs, and passes the turn on after issuing.
+ * Every warpgroup takes the same number of turns per tile (nb + 1 with the overlap, 2 nb without), also one
+ * that skips the tile or its last blocks. With two consumer warpgroups the turns start afresh each tile: the
+ * last warpgroup drops its final arrival and hands the first turn over when it starts the next tile. With three
+ * (fa3_turns_across_tiles) they run on across tiles: warpgroup 0 takes the next tile's first turn right after
+ * the last warpgroup's last P V is issued instead of after its epilogue, so the tensor cores do not drain
+ * between tiles; one arrival is left over at the end, which warpgroup 0 takes before it exits. */
+static __host__ __device__ constexpr bool fa3_turns_across_tiles(int nwg) {
+    return nwg == 3;
+}
 template <bool PINGPONG>
 static __device__ __forceinline__ void fa3_pp_sync(int c) {
     if (PINGPONG) hp_bar_sync(FA3_BAR_PINGPONG + c, 256);
 }
 template <bool PINGPONG, int NWG>
 static __device__ __forceinline__ void fa3_pp_arrive(int c, bool last_round) {
-    /* The last warpgroup's final arrival of a tile would have no matching sync: it is dropped. */
-    if (PINGPONG && !(last_round && c == NWG - 1)) hp_bar_arrive(FA3_BAR_PINGPONG + (c + 1) % NWG, 256);
+    if (PINGPONG && !(last_round && c == NWG - 1 && !fa3_turns_across_tiles(NWG)))
+        hp_bar_arrive(FA3_BAR_PINGPONG + (c + 1) % NWG, 256);
+}
+/* The first turn of a tile (or, with turns across tiles, of the CTA's first tile) goes to warpgroup 0. */
+template <bool PINGPONG, int NWG>
+static __device__ __forceinline__ void fa3_pp_first_turn(int c) {
+    if (PINGPONG && c == NWG - 1) hp_bar_arrive(FA3_BAR_PINGPONG, 256);
 }
 
 /* One steady-state block i of the overlapped schedule: issue S = Q K(i)^T and O += P(i - 1) V(i - 1); softmax of
@@ -607,7 +621,7 @@ static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, c
 template <int NWG, int STAGES, bool OVERLAP, bool PINGPONG>
 static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_ring &r, uint32_t q_full,
                                                      uint32_t q_empty, uint32_t q_parity, int lane, int c) {
-    if (PINGPONG && c == NWG - 1) hp_bar_arrive(FA3_BAR_PINGPONG, 256);
+    if (!fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
     hp_mbar_wait(q_full, q_parity);
     fa3_release(q_empty, lane);
     fa3_skip_blocks<NWG, STAGES, OVERLAP, PINGPONG>(0, nb, kv, r, lane, c);
@@ -761,6 +775,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
         fa3_qop<D, QRS> q;
         q.desc = hp_desc_sw128(s_q + c * C::kQBytes, 16, 1024);
         int kv = 0, q_uses = 0;
+        if (fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
 
         for (int k = 0;; ++k) {
             const int slot = k & 1;
@@ -804,8 +819,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 float factor[2];
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-                /* Ping-pong: the last warpgroup hands warpgroup 0 the first turn. */
-                if (PINGPONG && c == NWG - 1) hp_bar_arrive(FA3_BAR_PINGPONG, 256);
+                if (!fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
 
                 hp_mbar_wait(bar_q_full + 8 * c, q_uses & 1);
                 if constexpr (QRS) {
@@ -947,6 +961,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 ++q_uses;
             }
         }
+        if (fa3_turns_across_tiles(NWG) && PINGPONG && c == 0) fa3_pp_sync<PINGPONG>(c); /* the arrival left over */
         if (C::kSeparateO && t == 0) hp_tma_store_wait_read(); /* shared memory must outlive the last store */
     }
 #endif /* FA_SM90A */
