@@ -186,6 +186,7 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
     g.row_last = min(g.m0 - g.shift + BM, g.len_q) - 1;
     long long key_hi = g.len_k, key_lo = 0;
     if (a.window_right >= 0) key_hi = min(key_hi, (long long)g.row_last + off + a.window_right + 1);
+    /* A first row before row 0 (align_end) gives a lower bound that is only too low: correct, masked per row. */
     if (a.window_left >= 0) key_lo = max(key_lo, (long long)g.m0 - g.shift + off - a.window_left);
     g.n_min = 0;
     g.nblocks = 0;
@@ -203,7 +204,8 @@ static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const f
     const long long off = g.len_k - g.len_q;
     long long hi = g.len_k / BN;
     if (a.window_right >= 0) {
-        const long long t = g.m0 - g.shift + off + a.window_right + 1; /* before row 0 only more blocks masked */
+        /* a first row before row 0 (align_end) only marks more blocks as masked */
+        const long long t = g.m0 - g.shift + off + a.window_right + 1;
         hi = min(hi, t <= 0 ? 0 : t / BN);
     }
     long long lo = 0;
