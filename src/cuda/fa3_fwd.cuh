@@ -138,6 +138,19 @@ struct fa3_tile {
     int n_min, nblocks;
 };
 
+/* The first of consumer warpgroup w's 64 rows in the sequence (negative before row 0). */
+static __device__ __forceinline__ int fa3_wg_row0(const fa3_tile &g, int w) {
+    return g.m0 - g.shift + 64 * w;
+}
+
+/* One past the last key that query row `row` (and so every row before it) may see: len_k, or the right edge of
+ * its window. */
+static __device__ __forceinline__ long long fa3_key_end(const fa3_args &a, const fa3_tile &g, int row) {
+    long long hi = g.len_k;
+    if (a.window_right >= 0) hi = min(hi, (long long)row + (g.len_k - g.len_q) + a.window_right + 1);
+    return hi;
+}
+
 /* Decodes tile index -> (b, h, query block); false when the block starts past its (varlen) sequence. The
  * producer and the consumers call this with the same index and so agree on everything. Head-major order (all
  * query blocks of a head, then the next head) unless a.section > 0: then the (batch, head) pairs are taken in
@@ -183,11 +196,10 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
         return false;
     }
     const int off = g.len_k - g.len_q; /* query i sits at key position i + off */
-    g.row_last = min(g.m0 - g.shift + BM, g.len_q) - 1;
-    long long key_hi = g.len_k, key_lo = 0;
-    if (a.window_right >= 0) key_hi = min(key_hi, (long long)g.row_last + off + a.window_right + 1);
+    g.row_last = min(fa3_wg_row0(g, 0) + BM, g.len_q) - 1;
+    long long key_hi = fa3_key_end(a, g, g.row_last), key_lo = 0;
     /* A first row before row 0 (align_end) gives a lower bound that is only too low: correct, masked per row. */
-    if (a.window_left >= 0) key_lo = max(key_lo, (long long)g.m0 - g.shift + off - a.window_left);
+    if (a.window_left >= 0) key_lo = max(key_lo, (long long)fa3_wg_row0(g, 0) + off - a.window_left);
     g.n_min = 0;
     g.nblocks = 0;
     if (key_hi > key_lo) {
@@ -205,7 +217,7 @@ static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const f
     long long hi = g.len_k / BN;
     if (a.window_right >= 0) {
         /* a first row before row 0 (align_end) only marks more blocks as masked */
-        const long long t = g.m0 - g.shift + off + a.window_right + 1;
+        const long long t = fa3_wg_row0(g, 0) + off + a.window_right + 1;
         hi = min(hi, t <= 0 ? 0 : t / BN);
     }
     long long lo = 0;
@@ -221,7 +233,7 @@ static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const f
  * partial tile lacks) skips the tile's work and only keeps the barriers' counts (kernels with three consumer
  * warpgroups; in the others, whose 128-row tiles lose less, the extra code made ptxas spill). */
 static __device__ __forceinline__ bool fa3_wg_has_rows(const fa3_tile &g, int w) {
-    const int r0 = g.m0 - g.shift + 64 * w;
+    const int r0 = fa3_wg_row0(g, w);
     return r0 >= 0 && r0 < g.len_q;
 }
 
@@ -594,21 +606,17 @@ static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa
     fa3_release(r.v_empty + 8 * sl, lane);
 }
 
-/* Key blocks [i0, nb) of the tile that this warpgroup does not compute: it issues nothing, but takes its turns
- * of the ping-pong and releases every K and V block like the others, so that the barriers' counts and phases
- * stay what the producer and the other warpgroups expect. A block is released only once it has landed: an
- * early arrival would count towards the stage's previous use. The turns: per block one (overlapped: Q K(i)^T
- * with P V(i - 1)) or two (Q K^T, then P V). */
-template <int NWG, int STAGES, bool OVERLAP, bool PINGPONG>
+/* Key blocks [i0, nb) of the tile that this warpgroup does not compute (overlapped schedule, the only one of the
+ * kernels that skip): it issues nothing, but takes its turn of the ping-pong for each (Q K(i)^T with P V(i - 1))
+ * and releases every K and V block like the others, so that the barriers' counts and phases stay what the
+ * producer and the other warpgroups expect. A block is released only once it has landed: an early arrival would
+ * count towards the stage's previous use. */
+template <int NWG, int STAGES, bool PINGPONG>
 static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, const fa3_ring &r, int lane, int c) {
 #pragma unroll 1
     for (int i = i0; i < nb; ++i) {
         fa3_pp_sync<PINGPONG>(c);
         fa3_pp_arrive<PINGPONG, NWG>(c, false);
-        if (!OVERLAP) {
-            fa3_pp_sync<PINGPONG>(c);
-            fa3_pp_arrive<PINGPONG, NWG>(c, i == nb - 1);
-        }
         const int j = kv + i, st = j % STAGES;
         const uint32_t parity = (j / STAGES) & 1;
         hp_mbar_wait(r.k_full + 8 * st, parity);
@@ -618,19 +626,17 @@ static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, c
     }
 }
 
-/* A tile in which this warpgroup has no rows: Q and every block skipped, and with the overlap the turn of the
- * tile's last P V. */
-template <int NWG, int STAGES, bool OVERLAP, bool PINGPONG>
+/* A tile in which this warpgroup has no rows: Q and every block skipped, then the turn of the tile's last P V
+ * (the turns run on across tiles in these kernels: no first turn to hand over). */
+template <int NWG, int STAGES, bool PINGPONG>
 static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_ring &r, uint32_t q_full,
                                                      uint32_t q_empty, uint32_t q_parity, int lane, int c) {
-    if (!fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
+    static_assert(fa3_turns_across_tiles(NWG), "idle tiles take no first turn");
     hp_mbar_wait(q_full, q_parity);
     fa3_release(q_empty, lane);
-    fa3_skip_blocks<NWG, STAGES, OVERLAP, PINGPONG>(0, nb, kv, r, lane, c);
-    if (OVERLAP) {
-        fa3_pp_sync<PINGPONG>(c);
-        fa3_pp_arrive<PINGPONG, NWG>(c, true);
-    }
+    fa3_skip_blocks<NWG, STAGES, PINGPONG>(0, nb, kv, r, lane, c);
+    fa3_pp_sync<PINGPONG>(c);
+    fa3_pp_arrive<PINGPONG, NWG>(c, true);
 }
 
 #endif /* FA_SM90A */
@@ -646,6 +652,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     typedef fa3_cfg<D, BN, NWG, STAGES> C;
     constexpr int BM = C::kBlockM;
     constexpr bool kSkipIdle = NWG == 3; /* warpgroups without rows skip the tile (fa3_wg_has_rows) */
+    static_assert(!kSkipIdle || OVERLAP, "skipped tiles and blocks take the turns of the overlapped schedule");
     /* With Q in registers its tile is free once loaded; O must then have tiles of its own. */
     static_assert(!QRS || C::kSeparateO, "Q in registers needs separate O tiles");
 
@@ -720,7 +727,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                                 if (!kSkipIdle || fa3_wg_has_rows(g, w)) {
                                     hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
                                     hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
-                                                   g.tok_q + g.m0 - g.shift + 64 * w, 0, g.h, bq);
+                                                   g.tok_q + fa3_wg_row0(g, w), 0, g.h, bq);
                                 } else {
                                     hp_mbar_arrive(bar_q_full + 8 * w);
                                 }
@@ -794,15 +801,17 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
              * arithmetic as without it (with the shift in row0 ptxas scheduled the unmasked steps worse). */
             const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4;
             const int nb = g.nblocks, n_min = g.n_min;
-            if (kSkipIdle && !fa3_wg_has_rows(g, c)) {
-                if (nb > 0) {
-                    const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty};
-                    fa3_idle_tile<NWG, STAGES, OVERLAP, PINGPONG>(nb, kv, r, bar_q_full + 8 * c, bar_q_empty + 8 * c,
-                                                                 q_uses & 1, lane, c);
-                    kv += nb;
-                    ++q_uses;
+            const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty};
+            if constexpr (kSkipIdle) {
+                if (!fa3_wg_has_rows(g, c)) {
+                    if (nb > 0) {
+                        fa3_idle_tile<NWG, STAGES, PINGPONG>(nb, kv, r, bar_q_full + 8 * c, bar_q_empty + 8 * c,
+                                                             q_uses & 1, lane, c);
+                        kv += nb;
+                        ++q_uses;
+                    }
+                    continue;
                 }
-                continue;
             }
             fa3_mask_info mi;
             fa3_mask_range<BN>(a, g, mi.n_lo, mi.n_hi);
@@ -815,7 +824,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
             if (nb > 0) {
-                const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty};
                 float s[BN / 2];
                 uint32_t p[BN / 4];
                 float factor[2];
@@ -835,9 +843,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                      * own blocks (nbw) and only takes its turns through the rest. */
                     int nbw = nb;
                     if (kSkipIdle && a.window_right >= 0) {
-                        const int wg_last = min(g.m0 - g.shift + 64 * c + 63, g.len_q - 1);
-                        const long long hi = min((long long)g.len_k,
-                                                 (long long)wg_last + g.len_k - g.len_q + a.window_right + 1);
+                        const long long hi = fa3_key_end(a, g, min(fa3_wg_row0(g, c) + 63, g.len_q - 1));
                         nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
                     }
                     const int st0 = kv % STAGES;
@@ -877,7 +883,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     /* Every Q K^T of the tile has completed. */
                     if (C::kSeparateO && !QRS) fa3_release(bar_q_empty + 8 * c, lane);
                     fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG>(nbw, kv, r, o, p, lane, c);
-                    if (kSkipIdle) fa3_skip_blocks<NWG, STAGES, OVERLAP, PINGPONG>(nbw, nb, kv, r, lane, c);
+                    if constexpr (kSkipIdle) fa3_skip_blocks<NWG, STAGES, PINGPONG>(nbw, nb, kv, r, lane, c);
                 } else {
 #pragma unroll 1
                     for (int i = 0; i < nb; ++i) {
@@ -935,7 +941,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             /* O through shared memory and one TMA store (rows past a dense sequence's end fall outside the
              * tensor map and are not written); directly for tiles that saw no key and varlen tiles that reach
              * past their sequence. */
-            const int wg_row0 = g.m0 - g.shift + 64 * c;
+            const int wg_row0 = fa3_wg_row0(g, c);
             const bool tma_store = nb > 0 && (!varlen || wg_row0 + 64 <= g.len_q);
             if (tma_store) {
                 const uint32_t s_o = C::kSeparateO ? s_obuf + c * C::kQBytes : s_q + c * C::kQBytes;
