@@ -20,7 +20,7 @@
  *                to consumers.
  *   OVERLAP      the next block's Q K^T is issued before the current block's softmax (two-stage pipeline
  *                inside a warpgroup). Blocks that need neither mask nor softcap run in pairs whose ring stages
- *                are compile-time constants (fa3_overlap_pair; with three consumer warpgroups also a lone one),
+ *                are compile-time constants (fa3_overlap_fast; with three consumer warpgroups also a lone one),
  *                so that their wgmma descriptors stay on the uniform datapath; the others take the general step
  *                (fa3_overlap_step with KST < 0).
  *   PINGPONG     named barriers order the GEMM issue of the consumer warpgroups round robin, so that one
@@ -580,17 +580,28 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     fa3_convert_p<BN, BF16>(s, p);
 }
 
-/* Blocks i and i + 1, neither masked nor softcapped; K(i) in stage KST. */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, int KST>
-static __device__ __forceinline__ void fa3_overlap_pair(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
+/* N (1 or 2) blocks from i, neither masked nor softcapped, in steps whose ring stages are compile-time constants
+ * (one copy of the code per parity of block i's stage). */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, int N>
+static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
                                                         float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
                                                         float (&m)[2], float (&l)[2], const fa3_args &a,
                                                         const fa3_mask_info &mi, int n_min, int row0, int lane,
                                                         int c) {
-    fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, KST>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
-                                                                  lane, c);
-    fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, KST ^ 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi, n_min,
-                                                                      row0, lane, c);
+    static_assert(N == 1 || N == 2, "one or two blocks");
+    if ((kv + i) & 1) {
+        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
+                                                                    lane, c);
+        if (N == 2)
+            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 0>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
+                                                                        n_min, row0, lane, c);
+    } else {
+        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 0>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
+                                                                    lane, c);
+        if (N == 2)
+            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
+                                                                        n_min, row0, lane, c);
+    }
 }
 
 /* The last P V of a tile (overlapped schedule). */
@@ -870,24 +881,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 #pragma unroll 1
                     for (int i = 1; i < nbw;) {
                         if (i >= fast_lo && i + 1 < fast_hi) {
-                            if ((kv + i) & 1)
-                                fa3_overlap_pair<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 1>(i, nbw, kv, r, q, s, o, p,
-                                                                                            m, l, a, mi, n_min, row0,
-                                                                                            lane, c);
-                            else
-                                fa3_overlap_pair<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 0>(i, nbw, kv, r, q, s, o, p,
-                                                                                            m, l, a, mi, n_min, row0,
-                                                                                            lane, c);
+                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 2>(i, nbw, kv, r, q, s, o, p, m,
+                                                                                        l, a, mi, n_min, row0, lane, c);
                             i += 2;
                         } else if (kLoneFast && i >= fast_lo && i < fast_hi) {
-                            if ((kv + i) & 1)
-                                fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 1>(i, nbw, kv, r, q, s, o, p,
-                                                                                            m, l, a, mi, n_min, row0,
-                                                                                            lane, c);
-                            else
-                                fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 0>(i, nbw, kv, r, q, s, o, p,
-                                                                                            m, l, a, mi, n_min, row0,
-                                                                                            lane, c);
+                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, 1>(i, nbw, kv, r, q, s, o, p, m,
+                                                                                        l, a, mi, n_min, row0, lane, c);
                             ++i;
                         } else {
                             fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, -1>(i, nbw, kv, r, q, s, o, p, m,
