@@ -278,12 +278,15 @@ static void gpu_cases(void) {
     add("nan-padding", with_causal(with_layout(shape(FA_F16, 2, 4, 4, 100, 100, 64), VF_LAYOUT_PADDED)), F | NANPAD);
     c = with_causal(shape(FA_BF16, 2, 8, 8, 1024, 1024, 128));
     add("large", c, F | BIG);
-    /* Head dim 64 from 1k queries under a causal mask: 192-row tiles aligned to the last 64-row group, so the
+    /* Head dim 64 above 256 queries under a causal mask: 192-row tiles aligned to the last 64-row group, so the
      * first tile starts before row 0 (its first warpgroups have no rows) and, where the length is not a multiple
-     * of 64, the last warpgroup reaches past the end; varlen gives every sequence its own alignment */
+     * of 64, the last warpgroup reaches past the end; varlen gives every sequence its own alignment. Without a
+     * mask above 128 queries: 192-row tiles whose last one has a single warpgroup with rows. */
     add("tiles", with_causal(shape(FA_BF16, 3, 4, 2, 1300, 1300, 64)), MUST | BIG);
     add("tiles", with_causal(shape(FA_F16, 2, 4, 1, 1500, 1100, 64)), MUST | BIG);
     add("tiles", with_varlen(with_causal(shape(FA_BF16, 9, 4, 2, 1400, 1400, 64)), 5), MUST | BIG);
+    add("tiles", with_causal(shape(FA_BF16, 2, 4, 2, 300, 300, 64)), MUST);
+    add("tiles", shape(FA_F16, 2, 4, 4, 200, 200, 64), MUST);
     c.workspace = 1;
     add("workspace", shape(FA_BF16, 2, 4, 2, 256, 256, 128), F);
     /* outside the CUDA scope: any answer but a wrong one is fine */

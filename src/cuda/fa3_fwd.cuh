@@ -1005,17 +1005,18 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
 }
 
 /* Block-M of the configuration a problem uses (the query-tile height the grid assumes; the Q and O tensor maps
- * move 64 rows, one consumer warpgroup's). Head dim 64 runs three consumer warpgroups (192 rows), except under
- * a causal (or right-windowed) mask below 1k queries, where two (128 rows) measured 2% faster at 512: the tiles
- * are few, short and unequal there. Since warpgroups without rows skip their work and causal tiles end at the
- * last query, 192 rows are ahead from 1k on (+2.4% at 1k; from 2k 5-10%, by the library's own benchmark) and
- * without a mask at every length. FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
+ * move 64 rows, one consumer warpgroup's). Head dim 64 runs three consumer warpgroups (192 rows), except for
+ * the shortest sequences: up to 256 queries under a causal (or right-windowed) mask and up to 128 without one,
+ * two (128 rows) are faster. By the library's benchmark (H200, 16k tokens, 32 heads, TFLOP/s 128 -> 192 rows):
+ * causal 128 / 256 64 -> 58 / 112 -> 104, 384 / 512 / 768 145 -> 163 / 174 -> 196 / 216 -> 247, 1k equal;
+ * without a mask 128 169 -> 157, 256 equal, 384 / 512 / 1k 273 -> 337 / 295 -> 355 / 364 -> 429.
+ * FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
 static inline int fa3_block_m(const fa_params *p) {
     if (p->head_dim != 64) return 128;
     const char *env = getenv("FLASHATTN_FA3_BLOCK_M");
     if (env != NULL && (atoi(env) == 128 || atoi(env) == 192)) return atoi(env);
     const int right_bounded = p->causal || p->window_right >= 0;
-    return right_bounded && p->seqlen_q < 1024 ? 128 : 192;
+    return p->seqlen_q > (right_bounded ? 256 : 128) ? 192 : 128;
 }
 
 #endif /* FLASHATTN_CUDA_FA3_FWD_CUH */
