@@ -281,12 +281,15 @@ static void gpu_cases(void) {
     /* Head dim 64 above 256 queries under a causal mask: 192-row tiles aligned to the last 64-row group, so the
      * first tile starts before row 0 (its first warpgroups have no rows) and, where the length is not a multiple
      * of 64, the last warpgroup reaches past the end; varlen gives every sequence its own alignment. Without a
-     * mask above 128 queries: 192-row tiles whose last one has a single warpgroup with rows. */
+     * mask above 128 queries: 192-row tiles whose last one has a single warpgroup with rows. A warpgroup whose
+     * keys end in the first half of its last 128-key block (every other one under a causal mask; 300 keys
+     * without one) takes that block's P V over the first half only. */
     add("tiles", with_causal(shape(FA_BF16, 3, 4, 2, 1300, 1300, 64)), MUST | BIG);
     add("tiles", with_causal(shape(FA_F16, 2, 4, 1, 1500, 1100, 64)), MUST | BIG);
     add("tiles", with_varlen(with_causal(shape(FA_BF16, 9, 4, 2, 1400, 1400, 64)), 5), MUST | BIG);
     add("tiles", with_causal(shape(FA_BF16, 2, 4, 2, 300, 300, 64)), MUST);
     add("tiles", shape(FA_F16, 2, 4, 4, 200, 200, 64), MUST);
+    add("tiles", shape(FA_BF16, 2, 4, 2, 300, 300, 64), MUST);
     c.workspace = 1;
     add("workspace", shape(FA_BF16, 2, 4, 2, 256, 256, 128), F);
     /* outside the CUDA scope: any answer but a wrong one is fine */

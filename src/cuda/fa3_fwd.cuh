@@ -210,20 +210,23 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
     return true;
 }
 
-/* Key blocks n with n_lo <= n < n_hi need no mask: they end inside len_k and inside the window of every row of
- * the tile. The others (the ragged last block, the diagonal, the window edges) are masked. */
+/* Key blocks n with n_lo <= n < n_hi need no mask for query rows [first, last]: they end inside len_k and inside
+ * the window of each of those rows. The others (the ragged last block, the diagonal, the window edges) are
+ * masked. The three-warpgroup kernels ask for a warpgroup's own 64 rows: under a causal mask its later rows
+ * then run the blocks between the tile's first row and their own diagonal unmasked. */
 template <int BN>
-static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const fa3_tile &g, int &n_lo, int &n_hi) {
+static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const fa3_tile &g, int first, int last,
+                                                      int &n_lo, int &n_hi) {
     const long long off = g.len_k - g.len_q;
     long long hi = g.len_k / BN;
     if (a.window_right >= 0) {
         /* a first row before row 0 (align_end) only marks more blocks as masked */
-        const long long t = fa3_wg_row0(g, 0) + off + a.window_right + 1;
+        const long long t = first + off + a.window_right + 1;
         hi = min(hi, t <= 0 ? 0 : t / BN);
     }
     long long lo = 0;
     if (a.window_left >= 0) {
-        const long long t = g.row_last + off - a.window_left;
+        const long long t = last + off - a.window_left;
         lo = t <= 0 ? 0 : (t + BN - 1) / BN;
     }
     n_lo = (int)lo;
@@ -297,8 +300,9 @@ static __device__ __forceinline__ void fa3_issue_qk(float (&s)[BN / 2], const fa
     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
 }
 
-/* O += P V for one key block: BN / 16 wgmma steps along the keys, P from registers. */
-template <int D, int BN, bool BF16>
+/* O += P V for one key block: BN / 16 wgmma steps along the keys, P from registers; N < BN: the first N keys
+ * only (P is zero for the others). */
+template <int D, int BN, bool BF16, int N = BN>
 static __device__ __forceinline__ void fa3_issue_pv(float (&o)[D / 2], uint32_t (&p)[BN / 4], uint64_t desc_v) {
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) hp_fence_reg(o[i]);
@@ -306,7 +310,7 @@ static __device__ __forceinline__ void fa3_issue_pv(float (&o)[D / 2], uint32_t 
     for (int i = 0; i < BN / 4; ++i) hp_fence_reg(p[i]);
     hp_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
+    for (int kk = 0; kk < N / 16; ++kk)
         fa3_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
                               hp_desc_add(desc_v, (kk * 2048) >> 4), 1);
     hp_wgmma_commit();
@@ -604,14 +608,19 @@ static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, c
     }
 }
 
-/* The last P V of a tile (overlapped schedule). */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG>
+/* The last P V of a tile (overlapped schedule). half (with HALF): no row sees the block's second half, so P is
+ * zero there and the P V takes the first half of the keys only. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool HALF>
 static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa3_ring &r, float (&o)[D / 2],
-                                                        uint32_t (&p)[BN / 4], int lane, int c) {
+                                                        uint32_t (&p)[BN / 4], bool half, int lane, int c) {
     const int j = kv + nb - 1, sl = j % STAGES;
     hp_mbar_wait(r.v_full + 8 * sl, (j / STAGES) & 1);
     fa3_pp_sync<PINGPONG>(c);
-    fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + sl * (BN * D * 2), BN * 128, 1024));
+    const uint64_t desc_v = hp_desc_sw128(r.s_v + sl * (BN * D * 2), BN * 128, 1024);
+    if (HALF && half)
+        fa3_issue_pv<D, BN, BF16, HALF ? BN / 2 : BN>(o, p, desc_v);
+    else
+        fa3_issue_pv<D, BN, BF16>(o, p, desc_v);
     fa3_pp_arrive<PINGPONG, NWG>(c, true);
     hp_wgmma_wait<0>();
     fa3_pv_done<D, BN>(o, p);
@@ -829,7 +838,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 }
             }
             fa3_mask_info mi;
-            fa3_mask_range<BN>(a, g, mi.n_lo, mi.n_hi);
+            if (kSkipIdle)
+                fa3_mask_range<BN>(a, g, fa3_wg_row0(g, c), min(fa3_wg_row0(g, c) + 63, g.len_q - 1), mi.n_lo, mi.n_hi);
+            else
+                fa3_mask_range<BN>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
             mi.len_k = g.len_k;
             mi.off = g.len_k - g.len_q - g.shift;
 
@@ -857,9 +869,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                      * key blocks, which are then masked out for all of them: such a warpgroup stops after its
                      * own blocks (nbw) and only takes its turns through the rest. */
                     int nbw = nb;
-                    if (kSkipIdle && a.window_right >= 0) {
+                    bool half_pv = false; /* 64-row warpgroups under a causal mask: one in two */
+                    if (kSkipIdle) {
                         const long long hi = fa3_key_end(a, g, min(fa3_wg_row0(g, c) + 63, g.len_q - 1));
-                        nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
+                        if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
+                        half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
                     }
                     const int st0 = kv % STAGES;
                     hp_mbar_wait(bar_k_full + 8 * st0, (kv / STAGES) & 1);
@@ -896,7 +910,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     }
                     /* Every Q K^T of the tile has completed. */
                     if (C::kSeparateO && !QRS) fa3_release(bar_q_empty + 8 * c, lane);
-                    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG>(nbw, kv, r, o, p, lane, c);
+                    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane,
+                                                                                    c);
                     if constexpr (kSkipIdle) fa3_skip_blocks<NWG, STAGES, PINGPONG>(nbw, nb, kv, r, lane, c);
                 } else {
 #pragma unroll 1
