@@ -869,7 +869,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                      * key blocks, which are then masked out for all of them: such a warpgroup stops after its
                      * own blocks (nbw) and only takes its turns through the rest. */
                     int nbw = nb;
-                    bool half_pv = false; /* 64-row warpgroups under a causal mask: one in two */
+                    /* The last block's P V over its first half only (fa3_overlap_tail): one warpgroup in two
+                     * under a causal mask; without one, where the last block holds at most BN / 2 keys. */
+                    bool half_pv = false;
                     if (kSkipIdle) {
                         const long long hi = fa3_key_end(a, g, min(fa3_wg_row0(g, c) + 63, g.len_q - 1));
                         if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
