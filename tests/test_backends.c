@@ -290,6 +290,11 @@ static void gpu_cases(void) {
     add("tiles", with_causal(shape(FA_BF16, 2, 4, 2, 300, 300, 64)), MUST);
     add("tiles", shape(FA_F16, 2, 4, 4, 200, 200, 64), MUST);
     add("tiles", shape(FA_BF16, 2, 4, 2, 300, 300, 64), MUST);
+    /* and with softcap, which these tiles run in a kernel of their own */
+    c = shape(FA_BF16, 2, 4, 2, 300, 300, 64);
+    c.softcap = 5.0f;
+    add("tiles", c, MUST);
+    add("tiles", with_causal(c), MUST);
     c.workspace = 1;
     add("workspace", shape(FA_BF16, 2, 4, 2, 256, 256, 128), F);
     /* outside the CUDA scope: any answer but a wrong one is fine */
