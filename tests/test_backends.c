@@ -253,6 +253,7 @@ static void gpu_cases(void) {
     add("varlen", with_varlen(with_causal(shape(FA_BF16, 9, 4, 2, 300, 200, 64)), 0), F);
     add("varlen", with_varlen(with_causal(shape(FA_F16, 9, 8, 1, 150, 150, 96)), 3), F);
     add("varlen", with_varlen(with_window(shape(FA_BF16, 7, 4, 4, 180, 180, 256), 33, 9), 1), F);
+    add("varlen", with_varlen(with_causal(shape(FA_F16, 5, 4, 2, 200, 200, 256)), 4), F);
     c = with_varlen(shape(FA_F16, 7, 4, 2, 120, 160, 192), 2);
     c.alibi = VF_ALIBI_BATCH_HEADS;
     c.softcap = 3.0f;

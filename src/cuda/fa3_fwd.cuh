@@ -25,8 +25,8 @@
  *                (fa3_overlap_step with KST < 0).
  *   PINGPONG     named barriers order the GEMM issue of the consumer warpgroups round robin, so that one
  *                warpgroup's softmax runs while another's GEMMs occupy the tensor cores.
- *   MODS         softcap and left window edges are handled; head dim 64 also has kernels without them, whose
- *                masked step needs fewer registers (fa3_launch).
+ *   GENERAL      softcap, left window edges and varlen batches are handled; head dims 64 and 256 also have
+ *                kernels for dense batches without the other two, which need fewer registers (fa3_launch).
  * Epilogue: O / l converted to 16 bits into shared memory (swizzled as TMA expects: a buffer of its own where
  * shared memory allows, else the warpgroup's Q tile) and written with a TMA store; varlen tiles that reach past
  * their sequence store rows directly so that the next sequence's rows are never touched. LSE is written from
@@ -161,7 +161,7 @@ static __device__ __forceinline__ long long fa3_key_end(const fa3_args &a, const
  * heads. With reverse_m (from the last query block, the longest under a causal mask) that hands out the longest
  * tiles first and leaves only short ones for the end of the grid; head-major, the last head's longest tile
  * starts near the end and the other SMs idle while it runs. */
-template <int BM, int BN, bool ALIGN>
+template <int BM, int BN, bool ALIGN, bool VARLEN>
 static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile, fa3_tile &g) {
     int bh, mi;
     if (a.section > 0) {
@@ -180,7 +180,7 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
     g.len_q = a.seqlen_q;
     g.len_k = a.seqlen_k;
     g.tok_q = g.tok_k = 0;
-    if (a.cu_q != nullptr) {
+    if (VARLEN && a.cu_q != nullptr) {
         g.tok_q = a.cu_q[g.b];
         g.tok_k = a.cu_k[g.b];
         g.len_q = a.cu_q[g.b + 1] - g.tok_q;
@@ -216,7 +216,7 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
  * the window of each of those rows. The others (the ragged last block, the diagonal, the window edges) are
  * masked. The three-warpgroup kernels ask for a warpgroup's own 64 rows: under a causal mask its later rows
  * then run the blocks between the tile's first row and their own diagonal unmasked. */
-template <int BN, bool MODS>
+template <int BN, bool GENERAL>
 static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const fa3_tile &g, int first, int last,
                                                       int &n_lo, int &n_hi) {
     const long long off = g.len_k - g.len_q;
@@ -227,7 +227,7 @@ static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const f
         hi = min(hi, t <= 0 ? 0 : t / BN);
     }
     long long lo = 0;
-    if (MODS && a.window_left >= 0) {
+    if (GENERAL && a.window_left >= 0) {
         const long long t = last + off - a.window_left;
         lo = t <= 0 ? 0 : (t + BN - 1) / BN;
     }
@@ -460,16 +460,16 @@ static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float 
     hp_fence_reg(l[1]);
 }
 
-template <int BN, bool JOINT, bool MODS>
+template <int BN, bool JOINT, bool GENERAL>
 static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                   float (&factor)[2], const fa3_args &a, const fa3_mask_info &mi,
                                                   int n, int row0, int quad) {
-    if (MODS && a.softcap_pre != 0.0f) {
+    if (GENERAL && a.softcap_pre != 0.0f) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * a.softcap_pre);
     }
     if (n < mi.n_lo || n >= mi.n_hi)
-        fa3_mask<BN>(s, n * BN, row0, quad, mi.len_k, mi.off, MODS ? a.window_left : -1, a.window_right);
+        fa3_mask<BN>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
     const bool move = fa3_softmax<BN, JOINT>(s, m, l, factor, a.scale_log2, a.max_slack);
     fa3_pin_scores<BN>(s, factor, l);
     return move;
@@ -550,7 +550,7 @@ static __device__ __forceinline__ void fa3_pp_first_turn(int c) {
  * K sits in stage KST of a two-stage ring: with the stages compile-time constants every wgmma descriptor is a
  * constant offset from the ring base, which ptxas keeps on the uniform datapath; with a run-time stage it
  * rebuilds each descriptor in vector registers and moves it over (R2UR) before each wgmma. */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool MODS, int KST>
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int KST>
 static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
                                                         float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
                                                         float (&m)[2], float (&l)[2], const fa3_args &a,
@@ -571,7 +571,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     float factor[2];
     bool move;
     if constexpr (KST < 0) {
-        move = fa3_scores<BN, NWG == 3, MODS>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
+        move = fa3_scores<BN, NWG == 3, GENERAL>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
     } else {
         move = fa3_softmax<BN, NWG == 3>(s, m, l, factor, a.scale_log2, a.max_slack);
         fa3_pin_scores<BN>(s, factor, l);
@@ -588,7 +588,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
 
 /* N (1 or 2) blocks from i, neither masked nor softcapped, in steps whose ring stages are compile-time constants
  * (one copy of the code per parity of block i's stage). */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool MODS, int N>
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int N>
 static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
                                                         float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
                                                         float (&m)[2], float (&l)[2], const fa3_args &a,
@@ -596,16 +596,16 @@ static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, c
                                                         int c) {
     static_assert(N == 1 || N == 2, "one or two blocks");
     if ((kv + i) & 1) {
-        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, MODS, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
+        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
                                                                     lane, c);
         if (N == 2)
-            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, MODS, 0>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
+            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 0>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
                                                                         n_min, row0, lane, c);
     } else {
-        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, MODS, 0>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
+        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 0>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
                                                                     lane, c);
         if (N == 2)
-            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, MODS, 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
+            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
                                                                         n_min, row0, lane, c);
     }
 }
@@ -666,7 +666,7 @@ static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_r
 
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
 
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS, bool MODS>
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -692,7 +692,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     const uint32_t bar_v_ready = bar_tile_empty + 16;
     volatile int *tile_ids = (volatile int *)(smem + (bar_v_ready + STAGES * 8 - s_q));
     volatile int *v_valid = tile_ids + 2; /* rows of each V stage inside the sequence; -1: no more blocks */
-    const bool varlen = a.cu_q != nullptr;
+    const bool varlen = GENERAL && a.cu_q != nullptr;
     /* In a varlen batch the rows of a V block past its sequence belong to the next sequence or to the padding
      * after the last one, which may hold anything (NaN): 0 * NaN in P V would poison O. There the second
      * producer warp zeroes those rows after the TMA lands and the consumers wait for it (V "ready") instead of
@@ -735,7 +735,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 hp_mbar_arrive(bar_tile_full + 8 * slot);
                 if (tile >= a.num_tiles) break;
                 fa3_tile g;
-                if (fa3_tile_get<BM, BN, kSkipIdle>(a, tile, g) && g.nblocks > 0) {
+                if (fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g) && g.nblocks > 0) {
                     const int bq = varlen ? 0 : g.b, hk = g.h / a.group;
                     /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
                      * The first K block goes before Q, which may wait for the previous tile's epilogue. */
@@ -821,7 +821,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             fa3_release(bar_tile_empty + 8 * slot, lane);
             if (tile >= a.num_tiles) break;
             fa3_tile g;
-            if (!fa3_tile_get<BM, BN, kSkipIdle>(a, tile, g)) continue;
+            if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g)) continue;
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
              * arithmetic as without it (with the shift in row0 ptxas scheduled the unmasked steps worse). */
@@ -841,10 +841,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             }
             fa3_mask_info mi;
             if (kSkipIdle)
-                fa3_mask_range<BN, MODS>(a, g, fa3_wg_row0(g, c), min(fa3_wg_row0(g, c) + 63, g.len_q - 1), mi.n_lo,
+                fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, c), min(fa3_wg_row0(g, c) + 63, g.len_q - 1), mi.n_lo,
                                          mi.n_hi);
             else
-                fa3_mask_range<BN, MODS>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
+                fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
             mi.len_k = g.len_k;
             mi.off = g.len_k - g.len_q - g.shift;
 
@@ -889,26 +889,26 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 #pragma unroll
                     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
                     fa3_release(bar_k_empty + 8 * st0, lane);
-                    fa3_scores<BN, NWG == 3, MODS>(s, m, l, factor, a, mi, n_min, row0, quad);
+                    fa3_scores<BN, NWG == 3, GENERAL>(s, m, l, factor, a, mi, n_min, row0, quad);
                     fa3_convert_p<BN, BF16>(s, p);
                     if (nbw > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
                     /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
                      * compile-time stages, and so does a lone one (kLoneFast; an even block count leaves one after
                      * the tile's first block); the other blocks the general step. */
                     const int fast_lo = max(1, mi.n_lo - n_min);
-                    const int fast_hi = MODS && a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
+                    const int fast_hi = GENERAL && a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
 #pragma unroll 1
                     for (int i = 1; i < nbw;) {
                         if (i >= fast_lo && i + 1 < fast_hi) {
-                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, MODS, 2>(i, nbw, kv, r, q, s, o, p, m,
+                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m,
                                                                                         l, a, mi, n_min, row0, lane, c);
                             i += 2;
                         } else if (kLoneFast && i >= fast_lo && i < fast_hi) {
-                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, MODS, 1>(i, nbw, kv, r, q, s, o, p, m,
+                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m,
                                                                                         l, a, mi, n_min, row0, lane, c);
                             ++i;
                         } else {
-                            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, MODS, -1>(i, nbw, kv, r, q, s, o, p, m,
+                            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m,
                                                                                          l, a, mi, n_min, row0, lane, c);
                             ++i;
                         }
@@ -932,7 +932,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
                         fa3_release(bar_k_empty + 8 * st, lane);
                         if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(bar_q_empty + 8 * c, lane);
-                        if (fa3_scores<BN, NWG == 3, MODS>(s, m, l, factor, a, mi, n_min + i, row0, quad))
+                        if (fa3_scores<BN, NWG == 3, GENERAL>(s, m, l, factor, a, mi, n_min + i, row0, quad))
                             fa3_rescale<D>(o, factor);
                         fa3_convert_p<BN, BF16>(s, p);
                         hp_mbar_wait(bar_v_wait + 8 * st, parity);
@@ -947,7 +947,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             }
 
             /* The geometry again rather than kept in registers through the loop. */
-            fa3_tile_get<BM, BN, kSkipIdle>(a, tile, g);
+            fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g);
 
             /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */
             float inv[2], lse[2];
@@ -1009,16 +1009,21 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 #endif /* FA_SM90A */
 }
 
-/* Launches one configuration on the persistent grid. QRS: Q K^T takes Q from registers. MODS = false: a kernel
- * without softcap and without a left window edge (sliding window), for problems that have neither (plain,
- * causal, right windows): its masked step is shorter and spills less. */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS = false, bool MODS = true>
+/* Whether a problem needs the GENERAL kernel: softcap, a left window edge or a varlen batch. */
+static inline bool fa3_needs_general(const fa3_args *a) {
+    return a->softcap_pre != 0.0f || a->window_left >= 0 || a->cu_q != nullptr;
+}
+
+/* Launches one configuration on the persistent grid. QRS: Q K^T takes Q from registers. GENERAL = false: a kernel
+ * for dense batches without softcap and without a left window edge (plain, causal, right windows): its masked
+ * step is shorter, and it spills less. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS = false, bool GENERAL = true>
 static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
     typedef fa3_cfg<D, BN, NWG, STAGES> C;
-    if (!MODS && (pr->args.softcap_pre != 0.0f || pr->args.window_left >= 0))
-        return fa_fail(FA_ERR_INTERNAL, "fa3 forward: softcap or a left window in a kernel without them");
+    if (!GENERAL && fa3_needs_general(&pr->args))
+        return fa_fail(FA_ERR_INTERNAL, "fa3 forward: softcap, a left window or varlen in a kernel without them");
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
-        fa3_fwd_kernel<D, BN, NWG, STAGES, BF16, OVERLAP, PINGPONG, QRS, MODS>;
+        fa3_fwd_kernel<D, BN, NWG, STAGES, BF16, OVERLAP, PINGPONG, QRS, GENERAL>;
     cudaError_t err = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            C::kSmemBytes);
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: setting the shared-memory size");

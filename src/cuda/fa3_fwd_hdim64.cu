@@ -21,7 +21,7 @@ fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block
         }
     }
     if (block_n == 128) {
-        if (pr->args.softcap_pre != 0.0f || pr->args.window_left >= 0)
+        if (fa3_needs_general(&pr->args))
             return bf16 ? fa3_launch<64, 128, 3, 2, true, true, true>(pr, stream)
                         : fa3_launch<64, 128, 3, 2, false, true, true>(pr, stream);
         return bf16 ? fa3_launch<64, 128, 3, 2, true, true, true, false, false>(pr, stream)
