@@ -10,6 +10,8 @@
  * (round robin) | grid (one CTA per tile, not persistent); FLASHATTN_FA3_LAZY = 0 rescales O whenever a row max
  * grows; FLASHATTN_FA3_ORDER = head keeps causal tiles in head-major order, = longest longest first everywhere;
  * FLASHATTN_FA3_ALIGN = start starts every sequence's first 192-row tile at its row 0 also under a causal mask.
+ * A build with -DFA3_TRACE=1 writes each launch's timeline to the file FLASHATTN_FA3_TRACE names
+ * (dev/hopper/trace.py reads it).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -130,6 +130,32 @@ struct fa3_cfg {
  * warpgroup for its epilogue. */
 #define FA3_BAR_PINGPONG 1
 
+/* Developer timeline (build with -DFA3_TRACE=1; off, the hooks compile to nothing): thread 0 of each warpgroup
+ * records (clock64, event, argument) into the buffer set by fa3_trace_arm; dev/hopper/trace.py reads it. */
+#ifndef FA3_TRACE
+#define FA3_TRACE 0
+#endif
+enum { FA3_EV_TILE = 1, FA3_EV_Q, FA3_EV_TURN_REQ, FA3_EV_TURN, FA3_EV_ARRIVE, FA3_EV_QK_DONE, FA3_EV_PV_DONE,
+       FA3_EV_EPI, FA3_EV_EPI_END, FA3_EV_PTILE, FA3_EV_KLOAD, FA3_EV_VLOAD };
+#define FA3_TRACE_CAP 8192 /* events per warpgroup */
+#if FA3_TRACE
+#include <stdio.h>
+static __device__ unsigned long long *fa3_trace_buf;
+static __shared__ int fa3_trace_n[4]; /* events so far per warpgroup; zeroed at kernel start */
+static __device__ __forceinline__ void fa3_ev(int code, int arg) {
+    if (threadIdx.x % 128 != 0 || fa3_trace_buf == nullptr) return;
+    const int w = threadIdx.x / 128, i = fa3_trace_n[w];
+    if (i >= FA3_TRACE_CAP) return;
+    unsigned long long *e = fa3_trace_buf + 2 * ((size_t)(blockIdx.x * 4 + w) * FA3_TRACE_CAP + i);
+    e[0] = clock64();
+    e[1] = ((unsigned long long)code << 32) | (unsigned)arg;
+    fa3_trace_n[w] = i + 1;
+}
+#define FA3_EV(code, arg) fa3_ev(code, arg)
+#else
+#define FA3_EV(code, arg) ((void)0)
+#endif
+
 /* Where one tile lies: query rows [m0 - shift, m0 - shift + kBlockM) of (b, h), key blocks [n_min, n_min +
  * nblocks). m0 is the tile's place in the grid of kBlockM rows; shift, a multiple of 64, moves the tiles up so
  * that they end with the sequence's last 64-row group (align_end). The first tile then starts before row 0: its
@@ -529,12 +555,15 @@ static __host__ __device__ constexpr bool fa3_turns_across_tiles(int nwg) {
 }
 template <bool PINGPONG>
 static __device__ __forceinline__ void fa3_pp_sync(int c) {
+    FA3_EV(FA3_EV_TURN_REQ, 0);
     if (PINGPONG) hp_bar_sync(FA3_BAR_PINGPONG + c, 256);
+    FA3_EV(FA3_EV_TURN, 0);
 }
 template <bool PINGPONG, int NWG>
 static __device__ __forceinline__ void fa3_pp_arrive(int c, bool last_round) {
     if (PINGPONG && !(last_round && c == NWG - 1 && !fa3_turns_across_tiles(NWG)))
         hp_bar_arrive(FA3_BAR_PINGPONG + (c + 1) % NWG, 256);
+    FA3_EV(FA3_EV_ARRIVE, last_round);
 }
 /* The first turn of a tile (or, with turns across tiles, of the CTA's first tile) goes to warpgroup 0. */
 template <bool PINGPONG, int NWG>
@@ -567,6 +596,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     hp_wgmma_wait<1>();
 #pragma unroll
     for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
+    FA3_EV(FA3_EV_QK_DONE, i);
     fa3_release(r.k_empty + 8 * st, lane);
     float factor[2];
     bool move;
@@ -581,6 +611,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * ((j + 1) % STAGES), ((j + 1) / STAGES) & 1);
     hp_wgmma_wait<0>();
     fa3_pv_done<D, BN>(o, p);
+    FA3_EV(FA3_EV_PV_DONE, i);
     fa3_release(r.v_empty + 8 * sp, lane);
     if (move) fa3_rescale<D>(o, factor);
     fa3_convert_p<BN, BF16>(s, p);
@@ -626,6 +657,7 @@ static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa
     fa3_pp_arrive<PINGPONG, NWG>(c, true);
     hp_wgmma_wait<0>();
     fa3_pv_done<D, BN>(o, p);
+    FA3_EV(FA3_EV_PV_DONE, nb);
     fa3_release(r.v_empty + 8 * sl, lane);
 }
 
@@ -717,6 +749,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
         for (int i = 0; i < STAGES; ++i) hp_mbar_init(bar_v_ready + 8 * i, 1);
         hp_fence_barrier_init();
     }
+#if FA3_TRACE
+    if (threadIdx.x < 4) fa3_trace_n[threadIdx.x] = 0;
+#endif
     __syncthreads();
 
     const int wg = threadIdx.x / 128;
@@ -735,6 +770,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 hp_mbar_arrive(bar_tile_full + 8 * slot);
                 if (tile >= a.num_tiles) break;
                 fa3_tile g;
+                FA3_EV(FA3_EV_PTILE, tile);
                 if (fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g) && g.nblocks > 0) {
                     const int bq = varlen ? 0 : g.b, hk = g.h / a.group;
                     /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
@@ -743,6 +779,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         if (i < g.nblocks) {
                             const int j = kv + i, st = j % STAGES;
                             hp_mbar_wait(bar_k_empty + 8 * st, ((j / STAGES) & 1) ^ 1);
+                            FA3_EV(FA3_EV_KLOAD, i);
                             hp_mbar_arrive_expect_tx(bar_k_full + 8 * st, C::kKVBytes);
                             hp_tma_load_5d(s_k + st * C::kKVBytes, &tm_k, bar_k_full + 8 * st, 0,
                                            g.tok_k + (g.n_min + i) * BN, 0, hk, bq);
@@ -762,6 +799,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         } else {
                             const int j = kv + i - 1, st = j % STAGES;
                             hp_mbar_wait(bar_v_empty + 8 * st, ((j / STAGES) & 1) ^ 1);
+                            FA3_EV(FA3_EV_VLOAD, i - 1);
                             v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
                             hp_mbar_arrive_expect_tx(bar_v_full + 8 * st, C::kKVBytes);
                             hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bar_v_full + 8 * st, 0,
@@ -822,6 +860,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             if (tile >= a.num_tiles) break;
             fa3_tile g;
             if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g)) continue;
+            FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
              * arithmetic as without it (with the shift in row0 ptxas scheduled the unmasked steps worse). */
@@ -862,6 +901,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 if (!fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
 
                 hp_mbar_wait(bar_q_full + 8 * c, q_uses & 1);
+                FA3_EV(FA3_EV_Q, 0);
                 if constexpr (QRS) {
                     fa3_load_q_frag<D>(q.frag, s_q + c * C::kQBytes, warp, lane);
                     __syncwarp();
@@ -888,6 +928,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     hp_wgmma_wait<0>();
 #pragma unroll
                     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+                    FA3_EV(FA3_EV_QK_DONE, 0);
                     fa3_release(bar_k_empty + 8 * st0, lane);
                     fa3_scores<BN, NWG == 3, GENERAL>(s, m, l, factor, a, mi, n_min, row0, quad);
                     fa3_convert_p<BN, BF16>(s, p);
@@ -949,6 +990,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             /* The geometry again rather than kept in registers through the loop. */
             fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g);
 
+            FA3_EV(FA3_EV_EPI, tile);
             /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */
             float inv[2], lse[2];
 #pragma unroll
@@ -998,6 +1040,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 fa3_o_to_global<D, BF16>(o, inv, a, g, seq_row0, quad);
                 if (!C::kSeparateO && nb > 0) fa3_release(bar_q_empty + 8 * c, lane);
             }
+            FA3_EV(FA3_EV_EPI_END, tile);
             if (nb > 0) {
                 kv += nb;
                 ++q_uses;
@@ -1008,6 +1051,34 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     }
 #endif /* FA_SM90A */
 }
+
+#if FA3_TRACE
+/* FLASHATTN_FA3_TRACE = FILE: each launch's timeline overwrites FILE (header: grid, capacity; then the events). */
+static unsigned long long *fa3_trace_arm(int grid) {
+    static unsigned long long *buf = nullptr;
+    if (getenv("FLASHATTN_FA3_TRACE") == nullptr) return nullptr;
+    const size_t bytes = (size_t)grid * 4 * FA3_TRACE_CAP * 16;
+    if (buf == nullptr && cudaMalloc(&buf, (size_t)1024 * 4 * FA3_TRACE_CAP * 16) != cudaSuccess) return nullptr;
+    cudaMemset(buf, 0, bytes);
+    return buf;
+}
+static void fa3_trace_dump(const unsigned long long *trace, int grid, cudaStream_t stream) {
+    const char *path = getenv("FLASHATTN_FA3_TRACE");
+    if (trace == nullptr || path == nullptr) return;
+    const size_t n = (size_t)grid * 4 * FA3_TRACE_CAP * 2;
+    unsigned long long *host = (unsigned long long *)malloc(n * 8);
+    cudaStreamSynchronize(stream);
+    cudaMemcpy(host, trace, n * 8, cudaMemcpyDeviceToHost);
+    FILE *f = fopen(path, "wb");
+    if (f != nullptr) {
+        const int hdr[2] = {grid, FA3_TRACE_CAP};
+        fwrite(hdr, sizeof hdr, 1, f);
+        fwrite(host, 8, n, f);
+        fclose(f);
+    }
+    free(host);
+}
+#endif
 
 /* Whether a problem needs the GENERAL kernel: softcap, a left window edge or a varlen batch. */
 static inline bool fa3_needs_general(const fa3_args *a) {
@@ -1027,9 +1098,16 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
     cudaError_t err = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            C::kSmemBytes);
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: setting the shared-memory size");
+#if FA3_TRACE
+    unsigned long long *trace = fa3_trace_arm(pr->grid);
+    cudaMemcpyToSymbolAsync(fa3_trace_buf, &trace, sizeof trace, 0, cudaMemcpyHostToDevice, stream);
+#endif
     kernel<<<pr->grid, C::kThreads, C::kSmemBytes, stream>>>(pr->tm_q, pr->tm_k, pr->tm_v, pr->tm_o, pr->args);
     err = cudaGetLastError();
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward launch");
+#if FA3_TRACE
+    fa3_trace_dump(trace, pr->grid, stream);
+#endif
     return FA_OK;
 }
 
