@@ -192,6 +192,12 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->o_stride_seq = p->o.stride_seq;
     a->o_stride_head = p->o.stride_head;
     a->num_tiles = a->num_m_blocks * p->heads_q * p->batch;
+    a->num_bh = p->heads_q * p->batch;
+    a->div_m_blocks = fa3_divisor_make(a->num_m_blocks);
+    a->div_heads = fa3_divisor_make(p->heads_q);
+    a->div_group = fa3_divisor_make(a->group);
+    a->div_section = fa3_divisor_make(a->section > 0 ? a->section : 1);
+    a->div_section_tiles = fa3_divisor_make(a->section > 0 ? a->section * a->num_m_blocks : 1);
     if (a->num_tiles == 0) return FA_OK;
     pr.grid = a->num_tiles < dev->sm_count ? a->num_tiles : dev->sm_count;
     /* The persistent grid everywhere: head dim 256 under a causal mask also ran one CTA per tile (the hardware

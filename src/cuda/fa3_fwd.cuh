@@ -49,6 +49,20 @@
 #include "cuda/hopper.cuh"
 #include "cuda/kernels.h"
 
+/* x / d for 0 <= x < 2^31 by a multiply-high with a magic number made on the host (fa3_divisor_make): a
+ * hardware-less integer divide takes a reciprocal from the MUFU pipe, where it queues behind the softmax's
+ * exponentials of the other warpgroups. */
+struct fa3_divisor {
+    unsigned m, l;
+};
+static inline fa3_divisor fa3_divisor_make(int d) {
+    fa3_divisor v;
+    v.l = 0;
+    while ((1ull << v.l) < (unsigned long long)d) ++v.l;
+    v.m = (unsigned)((((1ull << 32) * ((1ull << v.l) - (unsigned long long)d)) / (unsigned long long)d) + 1);
+    return v;
+}
+
 /* What the kernel needs besides the tensor maps. */
 struct fa3_args {
     int seqlen_q, seqlen_k; /* dense lengths; varlen: unused (read from cu_q / cu_k) */
@@ -69,6 +83,8 @@ struct fa3_args {
     int64_t o_stride_batch, o_stride_seq, o_stride_head;
     int num_tiles;     /* num_m_blocks * heads_q * batch */
     int *tile_counter; /* zeroed before the launch; NULL: tiles are dealt round robin */
+    int num_bh;        /* heads_q * batch */
+    fa3_divisor div_m_blocks, div_heads, div_group, div_section, div_section_tiles; /* by num_m_blocks, ... */
 };
 
 /* A launch: tensor maps, arguments and grid. */
@@ -136,7 +152,7 @@ struct fa3_cfg {
 #define FA3_TRACE 0
 #endif
 enum { FA3_EV_TILE = 1, FA3_EV_Q, FA3_EV_TURN_REQ, FA3_EV_TURN, FA3_EV_ARRIVE, FA3_EV_QK_DONE, FA3_EV_PV_DONE,
-       FA3_EV_EPI, FA3_EV_EPI_END, FA3_EV_PTILE, FA3_EV_KLOAD, FA3_EV_VLOAD };
+       FA3_EV_EPI, FA3_EV_EPI_END, FA3_EV_PTILE, FA3_EV_KLOAD, FA3_EV_VLOAD, FA3_EV_QLOAD };
 #define FA3_TRACE_CAP 8192 /* events per warpgroup */
 #if FA3_TRACE
 #include <stdio.h>
@@ -155,6 +171,10 @@ static __device__ __forceinline__ void fa3_ev(int code, int arg) {
 #else
 #define FA3_EV(code, arg) ((void)0)
 #endif
+
+static __device__ __forceinline__ int fa3_div(const fa3_divisor &v, int x) {
+    return (int)((__umulhi((unsigned)x, v.m) + (unsigned)x) >> v.l);
+}
 
 /* Where one tile lies: query rows [m0 - shift, m0 - shift + kBlockM) of (b, h), key blocks [n_min, n_min +
  * nblocks). m0 is the tile's place in the grid of kBlockM rows; shift, a multiple of 64, moves the tiles up so
@@ -187,22 +207,23 @@ static __device__ __forceinline__ long long fa3_key_end(const fa3_args &a, const
  * heads. With reverse_m (from the last query block, the longest under a causal mask) that hands out the longest
  * tiles first and leaves only short ones for the end of the grid; head-major, the last head's longest tile
  * starts near the end and the other SMs idle while it runs. */
-template <int BM, int BN, bool ALIGN, bool VARLEN>
+template <int BM, int BN, bool ALIGN, bool VARLEN, bool FASTDIV>
 static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile, fa3_tile &g) {
     int bh, mi;
     if (a.section > 0) {
-        const int per_section = a.section * a.num_m_blocks, sec = tile / per_section;
+        const int per_section = a.section * a.num_m_blocks;
+        const int sec = FASTDIV ? fa3_div(a.div_section_tiles, tile) : tile / per_section;
         const int r = tile - sec * per_section, bh0 = sec * a.section;
-        const int n = min(a.section, a.num_tiles / a.num_m_blocks - bh0); /* the last section may be short */
-        mi = r / n;
+        const int n = min(a.section, (FASTDIV ? a.num_bh : a.num_tiles / a.num_m_blocks) - bh0); /* the last may be short */
+        mi = FASTDIV && n == a.section ? fa3_div(a.div_section, r) : r / n;
         bh = bh0 + (r - mi * n);
     } else {
-        bh = tile / a.num_m_blocks;
+        bh = FASTDIV ? fa3_div(a.div_m_blocks, tile) : tile / a.num_m_blocks;
         mi = tile - bh * a.num_m_blocks;
     }
     const int m_block = a.reverse_m ? a.num_m_blocks - 1 - mi : mi;
-    g.h = bh % a.heads_q;
-    g.b = bh / a.heads_q;
+    g.b = FASTDIV ? fa3_div(a.div_heads, bh) : bh / a.heads_q;
+    g.h = bh - g.b * a.heads_q;
     g.len_q = a.seqlen_q;
     g.len_k = a.seqlen_k;
     g.tok_q = g.tok_k = 0;
@@ -710,6 +731,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     /* A lone unmasked block takes a step with compile-time stages, not the general one: +1-2% at head dim 64.
      * With two consumer warpgroups that step made ptxas serialize the wgmma of the head-dim-128 kernel. */
     constexpr bool kLoneFast = NWG == 3;
+    /* Tile geometry with magic-number divisions (fa3_divisor): +x% at head dim 64; with two consumer
+     * warpgroups the extra registers made ptxas serialize the head-dim-128 kernel's wgmma. */
+    constexpr bool kFastDiv = NWG == 3;
     static_assert(!kSkipIdle || OVERLAP, "skipped tiles and blocks take the turns of the overlapped schedule");
     /* With Q in registers its tile is free once loaded; O must then have tiles of its own. */
     static_assert(!QRS || C::kSeparateO, "Q in registers needs separate O tiles");
@@ -771,8 +795,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 if (tile >= a.num_tiles) break;
                 fa3_tile g;
                 FA3_EV(FA3_EV_PTILE, tile);
-                if (fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g) && g.nblocks > 0) {
-                    const int bq = varlen ? 0 : g.b, hk = g.h / a.group;
+                if (fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g) && g.nblocks > 0) {
+                    const int bq = varlen ? 0 : g.b, hk = kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
                     /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
                      * The first K block goes before Q, which may wait for the previous tile's epilogue. */
                     for (int i = 0; i <= g.nblocks; ++i) {
@@ -791,6 +815,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                                     hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
                                     hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
                                                    g.tok_q + fa3_wg_row0(g, w), 0, g.h, bq);
+                                    FA3_EV(FA3_EV_QLOAD, w);
                                 } else {
                                     hp_mbar_arrive(bar_q_full + 8 * w);
                                 }
@@ -859,7 +884,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             fa3_release(bar_tile_empty + 8 * slot, lane);
             if (tile >= a.num_tiles) break;
             fa3_tile g;
-            if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g)) continue;
+            if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) continue;
             FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
@@ -988,7 +1013,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             }
 
             /* The geometry again rather than kept in registers through the loop. */
-            fa3_tile_get<BM, BN, kSkipIdle, GENERAL>(a, tile, g);
+            fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
 
             FA3_EV(FA3_EV_EPI, tile);
             /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */
