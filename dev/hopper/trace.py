@@ -13,7 +13,7 @@ import struct
 import sys
 
 NAMES = {1: "TILE", 2: "Q", 3: "TURN_REQ", 4: "TURN", 5: "ARRIVE", 6: "QK_DONE", 7: "PV_DONE", 8: "EPI",
-         9: "EPI_END", 10: "PTILE", 11: "KLOAD", 12: "VLOAD"}
+         9: "EPI_END", 10: "PTILE", 11: "KLOAD", 12: "VLOAD", 13: "QLOAD"}
 # what a warpgroup that asks for its turn late was doing, by the event before its request
 LATE = {"Q": "tile start (epilogue, next tile, Q)", "QK_DONE": "first softmax of a tile",
         "PV_DONE": "softmax, P V wait", "ARRIVE": "skipped block", "TILE": "idle tile"}
@@ -81,14 +81,7 @@ def main(path):
                 last_arrive = t
         if cta in starts:
             busy += ends[cta] - starts[cta]
-    span = max(ends.values()) - min(starts.values())
-    print("turns %d; rotation held (cycles, %% of the CTAs' summed spans) by what the late warpgroup did before:"
-          % turns)
-    for k, v in held.most_common(10):
-        print("  %-38s %6.1f%%" % (k, 100.0 * v / max(busy, 1)))
-    print("kernel span %d cycles; CTA spans mean %.0f, shortest %d (tail %.1f%%)" %
-          (span, busy / len(starts), min(ends[c] - starts[c] for c in starts),
-           100.0 * (1 - busy / len(starts) / span)))
+    print("CTA spans (clock64 is per SM: not comparable across CTAs) mean %.0f cycles" % (busy / len(starts)))
 
     tiles = collections.defaultdict(list)
     for (cta, wg), ev in streams.items():
@@ -108,6 +101,49 @@ def main(path):
     for n in sorted(tiles):
         v = sorted(tiles[n])
         print("  %3d turns: %6d tiles, median %7d, per turn %6d" % (n, len(v), v[len(v) // 2], v[len(v) // 2] / max(n, 1)))
+
+    # Between tiles: how long a consumer warpgroup, done with a tile (EPI_END), waits before the producer has
+    # published the next one (PTILE), and how late Q is asked for: the producer's Q load after the consumer's
+    # TILE.
+    waits = collections.Counter()
+    count = collections.Counter()
+    for cta in range(grid):
+        prod = streams.get((cta, 0), [])
+        ptile = {}
+        qload = {}
+        klast = []
+        for t, code, arg in prod:
+            if code == 10:
+                ptile.setdefault(arg, t)
+                cur = arg
+            elif code == 13:
+                qload[(cur, arg)] = t
+        for wg in range(1, 4):
+            ev = streams.get((cta, wg), [])
+            for a, b in zip(ev, ev[1:]):
+                if a[1] == 9 and b[1] == 1 and b[2] in ptile:
+                    waits["tile index after EPI_END"] += max(0, ptile[b[2]] - a[0])
+                    waits["EPI_END -> TILE total"] += b[0] - a[0]
+                    count["tile index after EPI_END"] += 1
+                if a[1] == 1 and b[1] == 2 and (a[2], wg - 1) in qload:
+                    waits["Q load issued after TILE"] += max(0, qload[(a[2], wg - 1)] - a[0])
+                    waits["TILE -> Q total"] += b[0] - a[0]
+                    count["Q load issued after TILE"] += 1
+    print("between tiles (mean cycles per consumer tile):")
+    for k in waits:
+        n = count.get(k) or count.get({"EPI_END -> TILE total": "tile index after EPI_END",
+                                       "TILE -> Q total": "Q load issued after TILE"}[k])
+        print("  %-28s %7.0f" % (k, waits[k] / max(n, 1)))
+    # the producer: time per event pair
+    pspent = collections.Counter()
+    for cta in range(grid):
+        ev = streams.get((cta, 0), [])
+        for a, b in zip(ev, ev[1:]):
+            pspent[(NAMES[a[1]], NAMES[b[1]])] += b[0] - a[0]
+    ptotal = sum(pspent.values())
+    print("producer cycles by (event -> next event):")
+    for k, v in pspent.most_common(8):
+        print("  %-22s %6.1f%%" % ("%s -> %s" % k, 100.0 * v / max(ptotal, 1)))
 
 
 if __name__ == "__main__":
