@@ -13,7 +13,8 @@ import struct
 import sys
 
 NAMES = {1: "TILE", 2: "Q", 3: "TURN_REQ", 4: "TURN", 5: "ARRIVE", 6: "QK_DONE", 7: "PV_DONE", 8: "EPI",
-         9: "EPI_END", 10: "PTILE", 11: "KLOAD", 12: "VLOAD", 13: "QLOAD"}
+         9: "EPI_END", 10: "PTILE", 11: "KLOAD", 12: "VLOAD", 13: "QLOAD",
+         14: "SLOT_WAIT", 15: "SLOT", 16: "INDEX"}
 # what a warpgroup that asks for its turn late was doing, by the event before its request
 LATE = {"Q": "tile start (epilogue, next tile, Q)", "QK_DONE": "first softmax of a tile",
         "PV_DONE": "softmax, P V wait", "ARRIVE": "skipped block", "TILE": "idle tile"}
@@ -120,11 +121,13 @@ def main(path):
                 qload[(cur, arg)] = t
         for wg in range(1, 4):
             ev = streams.get((cta, wg), [])
-            for a, b in zip(ev, ev[1:]):
-                if a[1] == 9 and b[1] == 1 and b[2] in ptile:
-                    waits["tile index after EPI_END"] += max(0, ptile[b[2]] - a[0])
-                    waits["EPI_END -> TILE total"] += b[0] - a[0]
-                    count["tile index after EPI_END"] += 1
+            for i, (a, b) in enumerate(zip(ev, ev[1:])):
+                if a[1] == 9:  # EPI_END: the next TILE, past the slot events
+                    nxt = next((e for e in ev[i + 1:] if e[1] in (1, 9)), None)
+                    if nxt is not None and nxt[1] == 1 and nxt[2] in ptile:
+                        waits["tile index after EPI_END"] += max(0, ptile[nxt[2]] - a[0])
+                        waits["EPI_END -> TILE total"] += nxt[0] - a[0]
+                        count["tile index after EPI_END"] += 1
                 if a[1] == 1 and b[1] == 2 and (a[2], wg - 1) in qload:
                     waits["Q load issued after TILE"] += max(0, qload[(a[2], wg - 1)] - a[0])
                     waits["TILE -> Q total"] += b[0] - a[0]

@@ -7,7 +7,8 @@
  * the heads of an L2-sized section (fa3_tile_get). With three consumer warpgroups a warpgroup whose 64 rows lie
  * outside the sequence skips the tile (fa3_idle_tile), and under a causal mask the tiles end at the last query,
  * so that the partial tile is the first, shortest one. In a CTA:
- *   warpgroup 0  producer: one thread fetches the next tile index and issues TMA loads of Q (once per tile)
+ *   warpgroup 0  producer: one thread fetches the next tile index (with three consumer warpgroups it also
+ *                publishes the tile's geometry) and issues TMA loads of Q (once per tile)
  *                and of K and V blocks into a STAGES-deep ring; each load completes on a "full" mbarrier with
  *                expected transaction bytes, and a slot is refilled once the consumers have arrived on its
  *                "empty" mbarrier. The ring runs on across tiles, so the next tile's first K block and Q are
@@ -116,6 +117,7 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
 
 template <int D, int BN, int NWG, int STAGES>
 struct fa3_cfg {
+    static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it with the tile index */
     static constexpr int kBlockM   = 64 * NWG;
     static constexpr int kThreads  = 128 * (NWG + 1);
     static constexpr int kQBytes   = 64 * D * 2; /* one consumer warpgroup's Q (and O) tile */
@@ -124,7 +126,8 @@ struct fa3_cfg {
     static constexpr int kKVSlab   = BN * 128;
     /* Barriers: Q full/empty per consumer warpgroup, K and V full/empty per stage, tile index full/empty x 2,
      * V ready per stage (varlen); then the two tile indices and the valid-row count of each V stage. */
-    static constexpr int kBarBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8;
+    static constexpr int kBarBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8 +
+                                     (NWG == 3 ? 2 * kGeoBytes : 0);
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
@@ -152,7 +155,8 @@ struct fa3_cfg {
 #define FA3_TRACE 0
 #endif
 enum { FA3_EV_TILE = 1, FA3_EV_Q, FA3_EV_TURN_REQ, FA3_EV_TURN, FA3_EV_ARRIVE, FA3_EV_QK_DONE, FA3_EV_PV_DONE,
-       FA3_EV_EPI, FA3_EV_EPI_END, FA3_EV_PTILE, FA3_EV_KLOAD, FA3_EV_VLOAD, FA3_EV_QLOAD };
+       FA3_EV_EPI, FA3_EV_EPI_END, FA3_EV_PTILE, FA3_EV_KLOAD, FA3_EV_VLOAD, FA3_EV_QLOAD,
+       FA3_EV_SLOT_WAIT, FA3_EV_SLOT, FA3_EV_INDEX };
 #define FA3_TRACE_CAP 8192 /* events per warpgroup */
 #if FA3_TRACE
 #include <stdio.h>
@@ -748,6 +752,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     const uint32_t bar_v_ready = bar_tile_empty + 16;
     volatile int *tile_ids = (volatile int *)(smem + (bar_v_ready + STAGES * 8 - s_q));
     volatile int *v_valid = tile_ids + 2; /* rows of each V stage inside the sequence; -1: no more blocks */
+    /* With three consumer warpgroups the producer publishes each tile's geometry with its index, so that the
+     * consumers start a tile without a fa3_tile_get of their own (it sat between their tiles: H200 +1-2% under a
+     * causal mask up to 2k). Keeping the slot until the epilogue's second look spilled in the hot loop. */
+    constexpr bool kSharedGeo = NWG == 3;
+    static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
+    fa3_tile *geo = (fa3_tile *)((uint8_t *)(tile_ids + 2) + ((4 * STAGES + 7) / 8) * 8);
     const bool varlen = GENERAL && a.cu_q != nullptr;
     /* In a varlen batch the rows of a V block past its sequence belong to the next sequence or to the padding
      * after the last one, which may hold anything (NaN): 0 * NaN in P V would poison O. There the second
@@ -791,11 +801,18 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 const int slot = k & 1;
                 hp_mbar_wait(bar_tile_empty + 8 * slot, ((k >> 1) & 1) ^ 1);
                 tile_ids[slot] = tile;
+                fa3_tile g;
+                bool valid = false;
+                if (kSharedGeo && tile < a.num_tiles) {
+                    valid = fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+                    geo[slot] = g;
+                    if (!valid) geo[slot].nblocks = -1;
+                }
                 hp_mbar_arrive(bar_tile_full + 8 * slot);
                 if (tile >= a.num_tiles) break;
-                fa3_tile g;
                 FA3_EV(FA3_EV_PTILE, tile);
-                if (fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g) && g.nblocks > 0) {
+                if (!kSharedGeo) valid = fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+                if (valid && g.nblocks > 0) {
                     const int bq = varlen ? 0 : g.b, hk = kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
                     /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
                      * The first K block goes before Q, which may wait for the previous tile's epilogue. */
@@ -877,14 +894,24 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 
         for (int k = 0;; ++k) {
             const int slot = k & 1;
+            FA3_EV(FA3_EV_SLOT_WAIT, 0);
             hp_mbar_wait(bar_tile_full + 8 * slot, (k >> 1) & 1);
+            FA3_EV(FA3_EV_SLOT, 0);
             /* Lane 0 reads the slot and releases it, so that the read is ordered before the release in one
              * thread; the warp gets the index by shuffle. */
             const int tile = __shfl_sync(0xffffffffu, lane == 0 ? tile_ids[slot] : 0, 0);
-            fa3_release(bar_tile_empty + 8 * slot, lane);
+            if (!kSharedGeo || tile >= a.num_tiles) fa3_release(bar_tile_empty + 8 * slot, lane);
+            FA3_EV(FA3_EV_INDEX, tile);
             if (tile >= a.num_tiles) break;
             fa3_tile g;
-            if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) continue;
+            if constexpr (kSharedGeo) {
+                g = geo[slot];
+                __syncwarp(); /* every lane has read the slot before lane 0 releases it */
+                fa3_release(bar_tile_empty + 8 * slot, lane);
+                if (g.nblocks < 0) continue;
+            } else if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
+                continue;
+            }
             FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
