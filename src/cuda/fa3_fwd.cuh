@@ -50,9 +50,9 @@
 #include "cuda/hopper.cuh"
 #include "cuda/kernels.h"
 
-/* x / d for 0 <= x < 2^31 by a multiply-high with a magic number made on the host (fa3_divisor_make): a
- * hardware-less integer divide takes a reciprocal from the MUFU pipe, where it queues behind the softmax's
- * exponentials of the other warpgroups. */
+/* x / d for 0 <= x < 2^31 and 1 <= d < 2^31 by a multiply-high with a magic number made on the host
+ * (fa3_divisor_make). The GPU has no integer divide instruction: x / d by a run-time d takes a reciprocal from
+ * the MUFU pipe, where it queues behind the other warpgroups' softmax exponentials. */
 struct fa3_divisor {
     unsigned m, l;
 };
@@ -150,7 +150,8 @@ struct fa3_cfg {
 #define FA3_BAR_PINGPONG 1
 
 /* Developer timeline (build with -DFA3_TRACE=1; off, the hooks compile to nothing): thread 0 of each warpgroup
- * records (clock64, event, argument) into the buffer set by fa3_trace_arm; dev/hopper/trace.py reads it. */
+ * records (clock64, event, argument) into the buffer set by fa3_trace_arm; dev/hopper/trace.py reads it (its
+ * NAMES table mirrors these event numbers). */
 #ifndef FA3_TRACE
 #define FA3_TRACE 0
 #endif
@@ -218,7 +219,9 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
         const int per_section = a.section * a.num_m_blocks;
         const int sec = FASTDIV ? fa3_div(a.div_section_tiles, tile) : tile / per_section;
         const int r = tile - sec * per_section, bh0 = sec * a.section;
-        const int n = min(a.section, (FASTDIV ? a.num_bh : a.num_tiles / a.num_m_blocks) - bh0); /* the last may be short */
+        /* the last section may be short; num_bh = num_tiles / num_m_blocks (the two-warpgroup kernels keep the
+         * divide: taking it out moved ptxas's schedule of their whole loop) */
+        const int n = min(a.section, (FASTDIV ? a.num_bh : a.num_tiles / a.num_m_blocks) - bh0);
         mi = FASTDIV && n == a.section ? fa3_div(a.div_section, r) : r / n;
         bh = bh0 + (r - mi * n);
     } else {
@@ -735,8 +738,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     /* A lone unmasked block takes a step with compile-time stages, not the general one: +1-2% at head dim 64.
      * With two consumer warpgroups that step made ptxas serialize the wgmma of the head-dim-128 kernel. */
     constexpr bool kLoneFast = NWG == 3;
-    /* Tile geometry with magic-number divisions (fa3_divisor): +x% at head dim 64; with two consumer
-     * warpgroups the extra registers made ptxas serialize the head-dim-128 kernel's wgmma. */
+    /* Tile geometry with magic-number divisions (fa3_divisor): H200 +4-6% up to 1k at head dim 64 (causal 1k
+     * 301 -> 317); with two consumer warpgroups the extra registers made ptxas serialize the head-dim-128
+     * kernel's wgmma. */
     constexpr bool kFastDiv = NWG == 3;
     static_assert(!kSkipIdle || OVERLAP, "skipped tiles and blocks take the turns of the overlapped schedule");
     /* With Q in registers its tile is free once loaded; O must then have tiles of its own. */
@@ -897,21 +901,17 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             FA3_EV(FA3_EV_SLOT_WAIT, 0);
             hp_mbar_wait(bar_tile_full + 8 * slot, (k >> 1) & 1);
             FA3_EV(FA3_EV_SLOT, 0);
-            /* Lane 0 reads the slot and releases it, so that the read is ordered before the release in one
-             * thread; the warp gets the index by shuffle. */
+            /* Lane 0 reads the index and releases the slot, so that the read is ordered before the release in
+             * one thread; the warp gets the index by shuffle. Every lane reads the geometry (kSharedGeo), and
+             * the warp syncs before the release. */
             const int tile = __shfl_sync(0xffffffffu, lane == 0 ? tile_ids[slot] : 0, 0);
-            if (!kSharedGeo || tile >= a.num_tiles) fa3_release(bar_tile_empty + 8 * slot, lane);
+            fa3_tile g;
+            if (kSharedGeo && tile < a.num_tiles) g = geo[slot];
+            if (kSharedGeo) __syncwarp();
+            fa3_release(bar_tile_empty + 8 * slot, lane);
             FA3_EV(FA3_EV_INDEX, tile);
             if (tile >= a.num_tiles) break;
-            fa3_tile g;
-            if constexpr (kSharedGeo) {
-                g = geo[slot];
-                __syncwarp(); /* every lane has read the slot before lane 0 releases it */
-                fa3_release(bar_tile_empty + 8 * slot, lane);
-                if (g.nblocks < 0) continue;
-            } else if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
-                continue;
-            }
+            if (kSharedGeo ? g.nblocks < 0 : !fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) continue;
             FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
@@ -1108,9 +1108,16 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 /* FLASHATTN_FA3_TRACE = FILE: each launch's timeline overwrites FILE (header: grid, capacity; then the events). */
 static unsigned long long *fa3_trace_arm(int grid) {
     static unsigned long long *buf = nullptr;
+    static int buf_grid = 0;
     if (getenv("FLASHATTN_FA3_TRACE") == nullptr) return nullptr;
     const size_t bytes = (size_t)grid * 4 * FA3_TRACE_CAP * 16;
-    if (buf == nullptr && cudaMalloc(&buf, (size_t)1024 * 4 * FA3_TRACE_CAP * 16) != cudaSuccess) return nullptr;
+    if (grid > buf_grid) { /* one CTA per tile (FLASHATTN_FA3_SCHEDULER = grid) needs more than the SM count */
+        cudaFree(buf);
+        buf = nullptr;
+        buf_grid = 0;
+        if (cudaMalloc(&buf, bytes) != cudaSuccess) return nullptr;
+        buf_grid = grid;
+    }
     cudaMemset(buf, 0, bytes);
     return buf;
 }
@@ -1119,6 +1126,7 @@ static void fa3_trace_dump(const unsigned long long *trace, int grid, cudaStream
     if (trace == nullptr || path == nullptr) return;
     const size_t n = (size_t)grid * 4 * FA3_TRACE_CAP * 2;
     unsigned long long *host = (unsigned long long *)malloc(n * 8);
+    if (host == nullptr) return;
     cudaStreamSynchronize(stream);
     cudaMemcpy(host, trace, n * 8, cudaMemcpyDeviceToHost);
     FILE *f = fopen(path, "wb");
