@@ -901,17 +901,23 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             FA3_EV(FA3_EV_SLOT_WAIT, 0);
             hp_mbar_wait(bar_tile_full + 8 * slot, (k >> 1) & 1);
             FA3_EV(FA3_EV_SLOT, 0);
-            /* Lane 0 reads the index and releases the slot, so that the read is ordered before the release in
-             * one thread; the warp gets the index by shuffle. Every lane reads the geometry (kSharedGeo), and
-             * the warp syncs before the release. */
+            /* Lane 0 reads the slot and releases it, so that the read is ordered before the release in one
+             * thread; the warp gets the index by shuffle. With the geometry in the slot (kSharedGeo) every lane
+             * reads it, and the warp syncs before the release. (One release after the geometry read for both
+             * cases measured 1-1.5% slower up to 2k.) */
             const int tile = __shfl_sync(0xffffffffu, lane == 0 ? tile_ids[slot] : 0, 0);
-            fa3_tile g;
-            if (kSharedGeo && tile < a.num_tiles) g = geo[slot];
-            if (kSharedGeo) __syncwarp();
-            fa3_release(bar_tile_empty + 8 * slot, lane);
+            if (!kSharedGeo || tile >= a.num_tiles) fa3_release(bar_tile_empty + 8 * slot, lane);
             FA3_EV(FA3_EV_INDEX, tile);
             if (tile >= a.num_tiles) break;
-            if (kSharedGeo ? g.nblocks < 0 : !fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) continue;
+            fa3_tile g;
+            if constexpr (kSharedGeo) {
+                g = geo[slot];
+                __syncwarp();
+                fa3_release(bar_tile_empty + 8 * slot, lane);
+                if (g.nblocks < 0) continue;
+            } else if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
+                continue;
+            }
             FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
