@@ -32,6 +32,7 @@ typedef struct cli_options {
     int causal; /* -1 not given, 0 --no-causal, 1 --causal */
     int32_t window_left, window_right;
     float softcap, scale;
+    float k_ramp; /* check/run: keys scaled up along the sequence (vf_config.k_ramp) */
     int alibi, varlen, bwd, deterministic;
     int fwd_only; /* bench --sweep: skip the backward */
     int seed_given;

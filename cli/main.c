@@ -45,6 +45,8 @@ static const char usage[] =
     "  --bwd                   check/bench: also the backward\n"
     "  --scale X               softmax scale (default 1/sqrt(head_dim))\n"
     "  --seed S                random inputs (default 1)\n"
+    "  --k-ramp R              the key at position j of n is scaled by 1 + R * j / n: row maxima that grow along\n"
+    "                          the keys (a numerical stress)\n"
     "  --threads N             CPU threads (default: all)\n"
     "  --deterministic         deterministic backward (check --bwd also compares two runs bit for bit)\n"
     "  --kernel auto|fa2|fa3   CUDA kernel family\n"
@@ -145,6 +147,7 @@ void cli_config(const cli_options *o, vf_config *c) {
     c->window_left = o->window_left;
     c->window_right = o->window_right;
     c->softcap = o->softcap;
+    c->k_ramp = o->k_ramp;
     c->alibi = o->alibi ? VF_ALIBI_HEADS : VF_ALIBI_OFF;
     c->deterministic = o->deterministic;
     c->varlen = o->varlen;
@@ -227,6 +230,7 @@ void cli_describe(const cli_options *o, char *buf, int size) {
     if (o->alibi) CLI_APPEND(", alibi");
     if (o->varlen) CLI_APPEND(", varlen");
     if (o->scale != 0) CLI_APPEND(", scale %g", (double)o->scale);
+    if (o->k_ramp != 0) CLI_APPEND(", k-ramp %g", (double)o->k_ramp);
     if (o->deterministic) CLI_APPEND(", deterministic");
     if (o->layout == VF_LAYOUT_BHSD) CLI_APPEND(", layout bhsd");
 #undef CLI_APPEND
@@ -342,6 +346,7 @@ static const option_spec option_specs[] = {
     OPT("--rows", 'i', rows, 1, 1 << 24),
     OPT("--softcap", 'r', softcap, 0, 0),
     OPT("--scale", 'r', scale, 0, 0),
+    OPT("--k-ramp", 'r', k_ramp, 0, 0),
     OPT("--csv", 's', csv, 0, 0),
     OPT("--plot", 's', plot, 0, 0),
     OPT("--peers", 's', peers, 0, 0),

@@ -119,6 +119,7 @@ void vf_config_describe(const vf_config *c, char *buf, size_t size) {
     if (c->alibi) VF_APPEND(" alibi%s", c->alibi == VF_ALIBI_BATCH_HEADS ? "(b,h)" : "");
     if (c->scale != 0) VF_APPEND(" scale=%g", (double)c->scale);
     if (c->q_amplitude != 1.0) VF_APPEND(" qamp=%g", c->q_amplitude);
+    if (c->k_ramp != 0.0) VF_APPEND(" kramp=%g", c->k_ramp);
     if (c->varlen) VF_APPEND(" varlen%s", c->edge_lengths ? "+edges" : "");
     if (c->layout > 0 && c->layout <= 4) VF_APPEND("%s", layouts[c->layout]);
     if (c->uniform) VF_APPEND(" uniform");
@@ -218,6 +219,15 @@ static size_t tensor_bytes(const vf_problem *pr, const vf_tensor *t) {
 #define FILL_BLOCK_ROWS 64
 
 /* Random values in every row of the problem; `amplitude` scales them. */
+/* Where key token `tok` (a row of the packed tensor for varlen) sits in its sequence, as a fraction in [0, 1). */
+static double key_position(const vf_problem *pr, int64_t tok) {
+    if (!pr->cfg.varlen) return (double)(tok % pr->cfg.seqlen_k) / pr->cfg.seqlen_k;
+    int b = 0;
+    while (b + 1 < pr->cfg.batch && pr->cu_k[b + 1] <= tok) b++;
+    const int64_t len = pr->cu_k[b + 1] - pr->cu_k[b];
+    return len > 0 ? (double)(tok - pr->cu_k[b]) / (double)len : 0.0;
+}
+
 static void fill_random(vf_problem *pr, vf_tensor *t, uint64_t stream, double amplitude) {
     const int64_t nrows = valid_rows(pr, t), d = pr->cfg.head_dim,
                   nblocks = (nrows + FILL_BLOCK_ROWS - 1) / FILL_BLOCK_ROWS;
@@ -230,6 +240,8 @@ static void fill_random(vf_problem *pr, vf_tensor *t, uint64_t stream, double am
             blk * FILL_BLOCK_ROWS + FILL_BLOCK_ROWS < nrows ? blk * FILL_BLOCK_ROWS + FILL_BLOCK_ROWS : nrows;
         for (int64_t row = blk * FILL_BLOCK_ROWS; row < end; row++) {
             const int64_t off = row_offset(pr, t, row);
+            double amp = amplitude;
+            if (!t->query && pr->cfg.k_ramp != 0.0) amp *= 1.0 + pr->cfg.k_ramp * key_position(pr, row / t->heads);
             for (int64_t c = 0; c < d; c += 2) {
                 double a, b;
                 if (uniform) {
@@ -241,8 +253,8 @@ static void fill_random(vf_problem *pr, vf_tensor *t, uint64_t stream, double am
                     a = r * cos(th);
                     b = r * sin(th);
                 }
-                fa_store(t->host, pr->cfg.dtype, off + c, (float)(amplitude * a));
-                if (c + 1 < d) fa_store(t->host, pr->cfg.dtype, off + c + 1, (float)(amplitude * b));
+                fa_store(t->host, pr->cfg.dtype, off + c, (float)(amp * a));
+                if (c + 1 < d) fa_store(t->host, pr->cfg.dtype, off + c + 1, (float)(amp * b));
             }
         }
     }

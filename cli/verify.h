@@ -70,6 +70,8 @@ typedef struct vf_config {
     vf_layout layout;
     int uniform;        /* inputs U(-1, 1) instead of N(0, 1) */
     double q_amplitude; /* q is multiplied by this (1 = none): logit stress */
+    double k_ramp;      /* the key at position j of a sequence of n is multiplied by 1 + k_ramp * j / n (0 = none):
+                           row maxima that grow along the keys, block after block */
     float pad_value;    /* what the elements outside the problem hold (default NaN) */
     int workspace;      /* vf_run passes an explicit workspace of fa_workspace_size() bytes */
     uint64_t seed;

@@ -293,6 +293,23 @@ static void gpu_cases(void) {
     add("tiles", with_causal(shape(FA_BF16, 2, 4, 2, 300, 300, 64)), MUST);
     add("tiles", shape(FA_F16, 2, 4, 4, 200, 200, 64), MUST);
     add("tiles", shape(FA_BF16, 2, 4, 2, 300, 300, 64), MUST);
+    /* Row maxima that grow block after block (keys scaled up along the sequence): the 192-row tiles' softmax
+     * against the stale max fails there, and those blocks take the full softmax on S computed again; at 1000
+     * some exponentials against the stale max overflow to inf. */
+    c = shape(FA_BF16, 1, 4, 2, 700, 700, 64);
+    c.k_ramp = 40.0;
+    add("stale", c, MUST);
+    add("stale", with_varlen(with_causal(c), 3), MUST);
+    c.dtype = FA_F16;
+    add("stale", with_causal(c), MUST);
+    c.seqlen_q = 500;
+    c.seqlen_k = 900;
+    add("stale", with_window(c, 150, 20), MUST);
+    c = shape(FA_BF16, 1, 4, 2, 700, 700, 64);
+    c.k_ramp = 1000.0;
+    add("stale", with_causal(c), MUST);
+    c.softcap = 30.0f;
+    add("stale", c, MUST);
     /* and with softcap, which these tiles run in a kernel of their own */
     c = shape(FA_BF16, 2, 4, 2, 300, 300, 64);
     c.softcap = 5.0f;

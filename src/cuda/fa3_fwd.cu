@@ -180,7 +180,8 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
         a->softcap_pre = 0.0f;
         a->scale_log2 = p->softmax_scale * log2e;
     }
-    /* P may reach 2^8 before the max is moved (see fa3_softmax); FLASHATTN_FA3_LAZY = 0 moves it on any growth. */
+    /* P may reach 2^8 before the max is moved (see fa3_softmax); FLASHATTN_FA3_LAZY = 0 moves it on any growth
+     * (where the full softmax runs: the three-warpgroup kernels take most blocks against the stale max). */
     const char *lazy = getenv("FLASHATTN_FA3_LAZY");
     a->max_slack = lazy != NULL && strcmp(lazy, "0") == 0 ? 0.0f : 8.0f / a->scale_log2;
     a->window_left = p->window_left;

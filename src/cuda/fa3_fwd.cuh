@@ -18,7 +18,9 @@
  *                next tile's Q at once, and the tensor cores read a third fewer shared-memory bytes per Q K^T);
  *                online softmax on the accumulator fragment, P converted in registers to the A operand of
  *                O += P V (wgmma with V from shared memory, MN-major). setmaxnreg moves registers from producer
- *                to consumers.
+ *                to consumers. With three consumer warpgroups a block after the tile's first takes its softmax
+ *                against the max its rows already have, unless the row sums show that the max grew
+ *                (fa3_softmax_stale; then S is computed again with mma.sync from the K stage still held).
  *   OVERLAP      the next block's Q K^T is issued before the current block's softmax (two-stage pipeline
  *                inside a warpgroup). Blocks that need neither mask nor softcap run in pairs whose ring stages
  *                are compile-time constants (fa3_overlap_fast; with three consumer warpgroups also a lone one),
@@ -383,28 +385,86 @@ static __device__ __forceinline__ void fa3_pv_done(float (&o)[D / 2], uint32_t (
     for (int i = 0; i < BN / 4; ++i) hp_fence_reg(p[i]);
 }
 
-/* Sets S to -inf where key (n0 + col) is not visible to the thread's two rows (row0, row0 + 8). */
-template <int BN>
+/* S = Q K^T again for the warp's 16 rows with mma.sync (m16n8k16, whose fragments are the wgmma accumulator's
+ * and Q operand's), for a block whose softmax against the stale max failed (fa3_scores_stale): per warp, so the
+ * warpgroup need not agree on it. K from its ring stage (still held), Q from registers (QRS) or its tile. */
+template <int D, int BN, bool BF16, bool QRS>
+static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t s_k,
+                                                      int lane) {
+    const int warp = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
+    const uint32_t s_q = (uint32_t)(q.desc & 0x3fff) << 4;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            if constexpr (QRS) {
+                qa[x] = q.frag[4 * kk + x];
+            } else {
+                const int r = 16 * warp + g + 8 * (x & 1), col = 16 * kk + 8 * (x >> 1);
+                const uint32_t addr = s_q + (col / 64) * (64 * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 4 * t;
+                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(qa[x]) : "r"(addr) : "memory");
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < BN / 8; ++c) {
+            const int n = 8 * c + g;
+            const uint32_t row = s_k + (kk / 4) * BN * 128 + n * 128 + 4 * t;
+            uint32_t b0, b1;
+            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(b0) : "r"(row + (((2 * (kk % 4)) ^ (n % 8)) << 4)) : "memory");
+            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(b1) : "r"(row + (((2 * (kk % 4) + 1) ^ (n % 8)) << 4)) : "memory");
+            if (BF16)
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                             "{%8, %9}, {%0, %1, %2, %3};"
+                             : "+f"(s[4 * c]), "+f"(s[4 * c + 1]), "+f"(s[4 * c + 2]), "+f"(s[4 * c + 3])
+                             : "r"(qa[0]), "r"(qa[1]), "r"(qa[2]), "r"(qa[3]), "r"(b0), "r"(b1));
+            else
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                             "{%8, %9}, {%0, %1, %2, %3};"
+                             : "+f"(s[4 * c]), "+f"(s[4 * c + 1]), "+f"(s[4 * c + 2]), "+f"(s[4 * c + 3])
+                             : "r"(qa[0]), "r"(qa[1]), "r"(qa[2]), "r"(qa[3]), "r"(b0), "r"(b1));
+        }
+    }
+}
+
+/* Sets S to -inf where key (n0 + col) is not visible to the thread's two rows (row0, row0 + 8). The thread's
+ * columns of a row, 8c + e (c < BN / 8, e < 2), become the bits 2c + e of a word, and each element is kept by
+ * its bit: one bit test (or, R2P, a seventh of one) and a select per element, where comparing each column with
+ * both edges took two compares and a select. */
+template <int BN, bool R2P>
 static __device__ __forceinline__ void fa3_mask(float (&s)[BN / 2], int n0, int row0, int quad, int len_k,
                                                 int off, int window_left, int window_right) {
+    static_assert(BN <= 128, "one bit per element of a row in a 32-bit word");
+    const long long base = (long long)n0 + 2 * quad;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const long long r = (long long)row0 + 8 * h + off;
-        long long hi = len_k, lo = 0;
+        long long hi = len_k;
         if (window_right >= 0 && r + window_right + 1 < hi) hi = r + window_right + 1;
-        if (window_left >= 0 && r - window_left > lo) lo = r - window_left;
-        const long long base = (long long)n0 + 2 * quad;
         hi -= base;
-        lo -= base;
-        const int hi_c = hi < -1 ? -1 : (hi > BN ? BN : (int)hi);
-        const int lo_c = lo < 0 ? 0 : (lo > BN ? BN : (int)lo);
+        const int hi_c = hi < 0 ? 0 : (hi > BN ? BN : (int)hi);
+        int lo_c = 0;
+        if (window_left >= 0) {
+            const long long lo = r - window_left - base;
+            lo_c = lo < 0 ? 0 : (lo > BN ? BN : (int)lo);
+        }
+        /* bits 2c + e with 8c + e in [lo_c, hi_c): column groups c below (hi_c + 7 - e) / 8 and from (lo_c + 7 -
+         * e) / 8 on; funnel shifts clamp at 32, where a plain shift is undefined */
+        const unsigned below_even = __funnelshift_lc(0xffffffffu, 0u, 2 * ((hi_c + 7) >> 3));
+        const unsigned below_odd = __funnelshift_lc(0xffffffffu, 0u, 2 * ((hi_c + 6) >> 3));
+        const unsigned from_even = ~__funnelshift_lc(0xffffffffu, 0u, 2 * ((lo_c + 7) >> 3));
+        const unsigned from_odd = ~__funnelshift_lc(0xffffffffu, 0u, 2 * ((lo_c + 6) >> 3));
+        unsigned keep = (below_even & from_even & 0x55555555u) | (below_odd & from_odd & 0xaaaaaaaau);
+        /* R2P: the word made opaque, so that ptxas moves its bits into predicates seven at a time (R2P); else it
+         * tests the even and odd bits one by one (with R2P the two-warpgroup d=128 kernel spilled 36 B). */
+        if (R2P) asm("mov.b32 %0, %0;" : "+r"(keep));
 #pragma unroll
         for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = 8 * c + e;
-                if (col >= hi_c || col < lo_c) s[e + 2 * h + 4 * c] = -INFINITY;
-            }
+            for (int e = 0; e < 2; ++e)
+                if (!((keep >> (2 * c + e)) & 1u)) s[e + 2 * h + 4 * c] = -INFINITY;
     }
 }
 
@@ -481,6 +541,36 @@ static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m
     return move;
 }
 
+/* The softmax of a block against the max the rows already have, without looking for the block's own max: the
+ * max's FMNMX chains (one instruction per element) and the test on them sat between the Q K^T and the first
+ * exponential (H200, d=64 192-row tiles: +2-4% up to 2k, +5-8% from 4k). Each P is at most its thread's partial
+ * row sum, so sums up to kStaleSumMax show that no P outgrew what the full softmax allows a stale max (2^8) by
+ * more than 2^4, harmless in fp32 and in the 16-bit P; a larger sum (a row max that grew, or inf / NaN) returns
+ * false with S destroyed, and the caller computes S again. Only for rows that all have a max (the caller
+ * checks). */
+constexpr float kStaleSumMax = 4096.0f;
+template <int BN>
+static __device__ __forceinline__ bool fa3_softmax_stale(float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
+                                                         float scale_log2) {
+    const float neg_max[2] = {-m[0] * scale_log2, -m[1] * scale_log2};
+    float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float &x = s[4 * c + 2 * h + e];
+                x = hp_exp2(fmaf(x, scale_log2, neg_max[h]));
+                sum[h][c & 1] += x;
+            }
+    const float t0 = sum[0][0] + sum[0][1], t1 = sum[1][0] + sum[1][1];
+    if (!__all_sync(0xffffffffu, t0 <= kStaleSumMax && t1 <= kStaleSumMax)) return false;
+    l[0] += t0;
+    l[1] += t1;
+    return true;
+}
+
 template <int D>
 static __device__ __forceinline__ void fa3_rescale(float (&o)[D / 2], const float (&factor)[2]) {
 #pragma unroll
@@ -514,7 +604,7 @@ static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float 
     hp_fence_reg(l[1]);
 }
 
-template <int BN, bool JOINT, bool GENERAL>
+template <int BN, bool JOINT, bool GENERAL, bool R2P>
 static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                   float (&factor)[2], const fa3_args &a, const fa3_mask_info &mi,
                                                   int n, int row0, int quad) {
@@ -523,10 +613,31 @@ static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)
         for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * a.softcap_pre);
     }
     if (n < mi.n_lo || n >= mi.n_hi)
-        fa3_mask<BN>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
+        fa3_mask<BN, R2P>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
     const bool move = fa3_softmax<BN, JOINT>(s, m, l, factor, a.scale_log2, a.max_slack);
     fa3_pin_scores<BN>(s, factor, l);
     return move;
+}
+
+/* Softcap, mask and the softmax against the stale max (fa3_softmax_stale) of block n, where every row of the
+ * warp has a max. Returns whether S is now P; if not, `destroyed` says whether S must be computed again
+ * (fa3_mma_scores) before the full fa3_scores, which the caller runs once P V(n - 1) has retired. */
+template <int BN, bool GENERAL, bool MASKED>
+static __device__ __forceinline__ bool fa3_scores_stale(float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
+                                                        const fa3_args &a, const fa3_mask_info &mi, int n, int row0,
+                                                        int quad, bool &destroyed) {
+    destroyed = false;
+    if (!__all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) return false;
+    if (MASKED) {
+        if (GENERAL && a.softcap_pre != 0.0f) {
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * a.softcap_pre);
+        }
+        if (n < mi.n_lo || n >= mi.n_hi)
+            fa3_mask<BN, true>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
+    }
+    destroyed = !fa3_softmax_stale<BN>(s, m, l, a.scale_log2);
+    return !destroyed;
 }
 
 /* O / l in 16 bits into a swizzled [D / 64][64][64] shared tile (what the O tensor map's TMA store reads). */
@@ -625,11 +736,17 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
 #pragma unroll
     for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
     FA3_EV(FA3_EV_QK_DONE, i);
-    fa3_release(r.k_empty + 8 * st, lane);
-    float factor[2];
-    bool move;
-    if constexpr (KST < 0) {
-        move = fa3_scores<BN, NWG == 3, GENERAL>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
+    /* The three-warpgroup kernels take the softmax against the stale max; K(i) is held until S is P. */
+    constexpr bool kStale = NWG == 3;
+    if (!kStale) fa3_release(r.k_empty + 8 * st, lane);
+    float factor[2] = {1.0f, 1.0f};
+    bool move = false, done = true, destroyed = false;
+    if constexpr (kStale) {
+        done = fa3_scores_stale<BN, GENERAL, (KST < 0)>(s, m, l, a, mi, n_min + i, row0, lane % 4, destroyed);
+        fa3_pin_scores<BN>(s, factor, l);
+        if (done) fa3_release(r.k_empty + 8 * st, lane);
+    } else if constexpr (KST < 0) {
+        move = fa3_scores<BN, NWG == 3, GENERAL, NWG == 3>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
     } else {
         move = fa3_softmax<BN, NWG == 3>(s, m, l, factor, a.scale_log2, a.max_slack);
         fa3_pin_scores<BN>(s, factor, l);
@@ -641,6 +758,16 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     fa3_pv_done<D, BN>(o, p);
     FA3_EV(FA3_EV_PV_DONE, i);
     fa3_release(r.v_empty + 8 * sp, lane);
+    if (kStale && !done) {
+        /* The rare block the stale max does not cover (or a row without a max yet): the full softmax, after
+         * P V(i - 1), so that P's registers are free for computing S again. */
+        if (destroyed) {
+            fa3_mma_scores<D, BN, BF16, QRS>(s, q, r.s_k + st * kKV, lane);
+            __syncwarp(); /* every lane's reads of K(i) before its release */
+        }
+        fa3_release(r.k_empty + 8 * st, lane);
+        move = fa3_scores<BN, true, GENERAL, true>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
+    }
     if (move) fa3_rescale<D>(o, factor);
     fa3_convert_p<BN, BF16>(s, p);
 }
@@ -988,7 +1115,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
                     FA3_EV(FA3_EV_QK_DONE, 0);
                     fa3_release(bar_k_empty + 8 * st0, lane);
-                    fa3_scores<BN, NWG == 3, GENERAL>(s, m, l, factor, a, mi, n_min, row0, quad);
+                    fa3_scores<BN, NWG == 3, GENERAL, NWG == 3>(s, m, l, factor, a, mi, n_min, row0, quad);
                     fa3_convert_p<BN, BF16>(s, p);
                     if (nbw > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
                     /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
@@ -1031,7 +1158,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
                         fa3_release(bar_k_empty + 8 * st, lane);
                         if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(bar_q_empty + 8 * c, lane);
-                        if (fa3_scores<BN, NWG == 3, GENERAL>(s, m, l, factor, a, mi, n_min + i, row0, quad))
+                        if (fa3_scores<BN, NWG == 3, GENERAL, NWG == 3>(s, m, l, factor, a, mi, n_min + i, row0, quad))
                             fa3_rescale<D>(o, factor);
                         fa3_convert_p<BN, BF16>(s, p);
                         hp_mbar_wait(bar_v_wait + 8 * st, parity);
