@@ -192,6 +192,10 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->o_stride_batch = p->o.stride_batch;
     a->o_stride_seq = p->o.stride_seq;
     a->o_stride_head = p->o.stride_head;
+    a->k = p->k.data;
+    a->k_stride_batch = p->k.stride_batch;
+    a->k_stride_seq = p->k.stride_seq;
+    a->k_stride_head = p->k.stride_head;
     a->num_tiles = a->num_m_blocks * p->heads_q * p->batch;
     a->num_bh = p->heads_q * p->batch;
     a->div_m_blocks = fa3_divisor_make(a->num_m_blocks);

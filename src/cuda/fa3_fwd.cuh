@@ -20,7 +20,7 @@
  *                O += P V (wgmma with V from shared memory, MN-major). setmaxnreg moves registers from producer
  *                to consumers. With three consumer warpgroups a block after the tile's first takes its softmax
  *                against the max its rows already have, unless the row sums show that the max grew
- *                (fa3_softmax_stale; then S is computed again with mma.sync from the K stage still held).
+ *                (fa3_softmax_stale; then S is computed again with mma.sync, K read from global memory).
  *   OVERLAP      the next block's Q K^T is issued before the current block's softmax (two-stage pipeline
  *                inside a warpgroup). Blocks that need neither mask nor softcap run in pairs whose ring stages
  *                are compile-time constants (fa3_overlap_fast; with three consumer warpgroups also a lone one),
@@ -84,6 +84,8 @@ struct fa3_args {
     int64_t total_q;
     void *o; /* for the direct stores of varlen boundary tiles and of tiles that see no key */
     int64_t o_stride_batch, o_stride_seq, o_stride_head;
+    const void *k; /* for S computed again where the softmax against the stale max failed (fa3_mma_scores) */
+    int64_t k_stride_batch, k_stride_seq, k_stride_head;
     int num_tiles;     /* num_m_blocks * heads_q * batch */
     int *tile_counter; /* zeroed before the launch; NULL: tiles are dealt round robin */
     int num_bh;        /* heads_q * batch */
@@ -117,6 +119,13 @@ fa_status fa3_run_hdim256(const fa3_problem *pr, int bf16, int block_n, int sche
 fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, const uint64_t dims[5],
                          const uint64_t strides_bytes[4], const uint32_t box[5]);
 
+/* Where a consumer warp's tile finds its keys in global memory (a slot per warp, for fa3_mma_scores). */
+struct fa3_krows {
+    const uint16_t *k; /* key 0 of the tile's sequence, (batch, kv head) */
+    int len_k;
+    int pad;
+};
+
 template <int D, int BN, int NWG, int STAGES>
 struct fa3_cfg {
     static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it with the tile index */
@@ -129,7 +138,7 @@ struct fa3_cfg {
     /* Barriers: Q full/empty per consumer warpgroup, K and V full/empty per stage, tile index full/empty x 2,
      * V ready per stage (varlen); then the two tile indices and the valid-row count of each V stage. */
     static constexpr int kBarBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8 +
-                                     (NWG == 3 ? 2 * kGeoBytes : 0);
+                                     (NWG == 3 ? 2 * kGeoBytes + 4 * NWG * (int)sizeof(fa3_krows) : 0);
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
@@ -138,6 +147,9 @@ struct fa3_cfg {
     static constexpr bool kSeparateO = kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
+    /* after the barriers, tile indices, V row counts and geometry slots: the consumer warps' fa3_krows */
+    static constexpr int kOffKrows = kOffBar + (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8 +
+                                     2 * kGeoBytes;
     /* Register split: 24 + 2 x 240 or 40 + 2 x 232 = 3 x 168 (384 threads), 32 + 3 x 160 = 4 x 128 (512). With
      * two consumer warpgroups the producer gets 40 registers (its tile loop spills in 24) unless the consumers
      * need the full 240 (head dim 256). */
@@ -386,46 +398,46 @@ static __device__ __forceinline__ void fa3_pv_done(float (&o)[D / 2], uint32_t (
 }
 
 /* S = Q K^T again for the warp's 16 rows with mma.sync (m16n8k16, whose fragments are the wgmma accumulator's
- * and Q operand's), for a block whose softmax against the stale max failed (fa3_scores_stale): per warp, so the
- * warpgroup need not agree on it. K from its ring stage (still held), Q from registers (QRS) or its tile. */
+ * and Q operand's), for a block whose softmax against the stale max failed (fa3_softmax_stale): per warp, so the
+ * warpgroup need not agree on it. Q from its shared tile; K from global memory (L2: the block was just
+ * loaded), its ring stage being released before the softmax. k points at the block's first key, of which `valid`
+ * lie inside the sequence (the others read the last one: the mask drops them). One column group at a time: the
+ * least registers beside S and O (with all of Q's fragments loaded at once the kernel spilled in its hot loop). */
 template <int D, int BN, bool BF16, bool QRS>
-static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t s_k,
-                                                      int lane) {
+static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q,
+                                                      const uint16_t *k, int64_t stride_seq, int valid, int lane) {
+    static_assert(!QRS, "Q from its shared tile (held until the tile's last Q K^T)");
     const int warp = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
     const uint32_t s_q = (uint32_t)(q.desc & 0x3fff) << 4;
+    k += 2 * t;
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+    for (int c = 0; c < BN / 8; ++c) {
+        const uint32_t *row = (const uint32_t *)(k + min(8 * c + g, valid - 1) * stride_seq);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t qa[4];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t qa[4];
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-            if constexpr (QRS) {
-                qa[x] = q.frag[4 * kk + x];
-            } else {
+            for (int x = 0; x < 4; ++x) {
                 const int r = 16 * warp + g + 8 * (x & 1), col = 16 * kk + 8 * (x >> 1);
-                const uint32_t addr = s_q + (col / 64) * (64 * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 4 * t;
+                const uint32_t addr =
+                    s_q + (col / 64) * (64 * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 4 * t;
                 asm volatile("ld.shared.u32 %0, [%1];" : "=r"(qa[x]) : "r"(addr) : "memory");
             }
-        }
-#pragma unroll
-        for (int c = 0; c < BN / 8; ++c) {
-            const int n = 8 * c + g;
-            const uint32_t row = s_k + (kk / 4) * BN * 128 + n * 128 + 4 * t;
-            uint32_t b0, b1;
-            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(b0) : "r"(row + (((2 * (kk % 4)) ^ (n % 8)) << 4)) : "memory");
-            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(b1) : "r"(row + (((2 * (kk % 4) + 1) ^ (n % 8)) << 4)) : "memory");
+            const uint32_t b0 = row[8 * kk], b1 = row[8 * kk + 4];
             if (BF16)
                 asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                              "{%8, %9}, {%0, %1, %2, %3};"
-                             : "+f"(s[4 * c]), "+f"(s[4 * c + 1]), "+f"(s[4 * c + 2]), "+f"(s[4 * c + 3])
+                             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                              : "r"(qa[0]), "r"(qa[1]), "r"(qa[2]), "r"(qa[3]), "r"(b0), "r"(b1));
             else
                 asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                              "{%8, %9}, {%0, %1, %2, %3};"
-                             : "+f"(s[4 * c]), "+f"(s[4 * c + 1]), "+f"(s[4 * c + 2]), "+f"(s[4 * c + 3])
+                             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                              : "r"(qa[0]), "r"(qa[1]), "r"(qa[2]), "r"(qa[3]), "r"(b0), "r"(b1));
         }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[4 * c + e] = d[e];
     }
 }
 
@@ -736,15 +748,14 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
 #pragma unroll
     for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
     FA3_EV(FA3_EV_QK_DONE, i);
-    /* The three-warpgroup kernels take the softmax against the stale max; K(i) is held until S is P. */
+    fa3_release(r.k_empty + 8 * st, lane);
+    /* The three-warpgroup kernels take the softmax against the stale max. */
     constexpr bool kStale = NWG == 3;
-    if (!kStale) fa3_release(r.k_empty + 8 * st, lane);
     float factor[2] = {1.0f, 1.0f};
     bool move = false, done = true, destroyed = false;
     if constexpr (kStale) {
         done = fa3_scores_stale<BN, GENERAL, (KST < 0)>(s, m, l, a, mi, n_min + i, row0, lane % 4, destroyed);
         fa3_pin_scores<BN>(s, factor, l);
-        if (done) fa3_release(r.k_empty + 8 * st, lane);
     } else if constexpr (KST < 0) {
         move = fa3_scores<BN, NWG == 3, GENERAL, NWG == 3>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
     } else {
@@ -758,15 +769,24 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     fa3_pv_done<D, BN>(o, p);
     FA3_EV(FA3_EV_PV_DONE, i);
     fa3_release(r.v_empty + 8 * sp, lane);
-    if (kStale && !done) {
-        /* The rare block the stale max does not cover (or a row without a max yet): the full softmax, after
-         * P V(i - 1), so that P's registers are free for computing S again. */
-        if (destroyed) {
-            fa3_mma_scores<D, BN, BF16, QRS>(s, q, r.s_k + st * kKV, lane);
-            __syncwarp(); /* every lane's reads of K(i) before its release */
+    if constexpr (kStale) {
+        if (!done) {
+            /* The rare block the stale max does not cover (or a row without a max yet): the full softmax, after
+             * P V(i - 1), so that P's registers are free for computing S again (the K stage is gone by now). */
+            if (destroyed) {
+                typedef fa3_cfg<D, BN, NWG, STAGES> C;
+                const uint32_t slot =
+                    r.s_k - C::kOffK + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (threadIdx.x / 32 - 4);
+                unsigned long long k;
+                int len_k;
+                asm volatile("ld.shared.u64 %0, [%1];" : "=l"(k) : "r"(slot) : "memory");
+                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(len_k) : "r"(slot + 8) : "memory");
+                const int key0 = (n_min + i) * BN;
+                fa3_mma_scores<D, BN, BF16, QRS>(s, q, (const uint16_t *)k + key0 * a.k_stride_seq, a.k_stride_seq,
+                                                 min(BN, len_k - key0), lane);
+            }
+            move = fa3_scores<BN, true, GENERAL, true>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
         }
-        fa3_release(r.k_empty + 8 * st, lane);
-        move = fa3_scores<BN, true, GENERAL, true>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
     }
     if (move) fa3_rescale<D>(o, factor);
     fa3_convert_p<BN, BF16>(s, p);
@@ -889,6 +909,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     constexpr bool kSharedGeo = NWG == 3;
     static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
     fa3_tile *geo = (fa3_tile *)((uint8_t *)(tile_ids + 2) + ((4 * STAGES + 7) / 8) * 8);
+    fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows); /* kSharedGeo kernels: one per consumer warp */
     const bool varlen = GENERAL && a.cu_q != nullptr;
     /* In a varlen batch the rows of a V block past its sequence belong to the next sequence or to the padding
      * after the last one, which may hold anything (NaN): 0 * NaN in P V would poison O. There the second
@@ -1071,6 +1092,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
             mi.len_k = g.len_k;
             mi.off = g.len_k - g.len_q - g.shift;
+            if constexpr (kSharedGeo) {
+                if (lane == 0) {
+                    fa3_krows &kr = krows[4 * c + warp];
+                    kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) +
+                           (int64_t)g.tok_k * a.k_stride_seq + (int64_t)(g.h / a.group) * a.k_stride_head;
+                    kr.len_k = g.len_k;
+                }
+                __syncwarp();
+            }
 
             float o[D / 2];
 #pragma unroll
