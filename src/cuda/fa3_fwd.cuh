@@ -500,6 +500,25 @@ static __device__ __forceinline__ void fa3_move_max(float &mx, float &m, float &
     m = mx;
 }
 
+/* P = 2^(S * scale_log2 + neg_max) in place, and the thread's partial row sums (two chains per row). */
+template <int BN>
+static __device__ __forceinline__ void fa3_exp_rows(float (&s)[BN / 2], const float (&neg_max)[2], float scale_log2,
+                                                    float (&sum)[2]) {
+    float chain[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float &x = s[4 * c + 2 * h + e];
+                x = hp_exp2(fmaf(x, scale_log2, neg_max[h]));
+                chain[h][c & 1] += x;
+            }
+    sum[0] = chain[0][0] + chain[0][1];
+    sum[1] = chain[1][0] + chain[1][1];
+}
+
 template <int BN, bool JOINT>
 static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                    float (&factor)[2], float scale_log2, float slack) {
@@ -537,19 +556,10 @@ static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m
             neg_max[h] = -(m[h] == -INFINITY ? 0.0f : m[h]) * scale_log2;
         }
     }
-    float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* two chains per row */
+    float sum[2];
+    fa3_exp_rows<BN>(s, neg_max, scale_log2, sum);
 #pragma unroll
-    for (int c = 0; c < BN / 8; ++c)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float &x = s[4 * c + 2 * h + e];
-                x = hp_exp2(fmaf(x, scale_log2, neg_max[h]));
-                sum[h][c & 1] += x;
-            }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = l[h] * factor[h] + (sum[h][0] + sum[h][1]);
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * factor[h] + sum[h];
     return move;
 }
 
@@ -565,21 +575,11 @@ template <int BN>
 static __device__ __forceinline__ bool fa3_softmax_stale(float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
                                                          float scale_log2) {
     const float neg_max[2] = {-m[0] * scale_log2, -m[1] * scale_log2};
-    float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-    for (int c = 0; c < BN / 8; ++c)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float &x = s[4 * c + 2 * h + e];
-                x = hp_exp2(fmaf(x, scale_log2, neg_max[h]));
-                sum[h][c & 1] += x;
-            }
-    const float t0 = sum[0][0] + sum[0][1], t1 = sum[1][0] + sum[1][1];
-    if (!__all_sync(0xffffffffu, t0 <= kStaleSumMax && t1 <= kStaleSumMax)) return false;
-    l[0] += t0;
-    l[1] += t1;
+    float sum[2];
+    fa3_exp_rows<BN>(s, neg_max, scale_log2, sum);
+    if (!__all_sync(0xffffffffu, sum[0] <= kStaleSumMax && sum[1] <= kStaleSumMax)) return false;
+    l[0] += sum[0];
+    l[1] += sum[1];
     return true;
 }
 
