@@ -137,8 +137,10 @@ struct fa3_cfg {
     static constexpr int kKVSlab   = BN * 128;
     /* Barriers: Q full/empty per consumer warpgroup, K and V full/empty per stage, tile index full/empty x 2,
      * V ready per stage (varlen); then the two tile indices and the valid-row count of each V stage. */
-    static constexpr int kBarBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8 +
-                                     (NWG == 3 ? 2 * kGeoBytes + 4 * NWG * (int)sizeof(fa3_krows) : 0);
+    static constexpr int kBarHeadBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8;
+    /* then, with three consumer warpgroups, the two geometry slots and the consumer warps' fa3_krows */
+    static constexpr int kBarBytes =
+        kBarHeadBytes + (NWG == 3 ? 2 * kGeoBytes + 4 * NWG * (int)sizeof(fa3_krows) : 0);
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
@@ -147,9 +149,8 @@ struct fa3_cfg {
     static constexpr bool kSeparateO = kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
-    /* after the barriers, tile indices, V row counts and geometry slots: the consumer warps' fa3_krows */
-    static constexpr int kOffKrows = kOffBar + (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8 +
-                                     2 * kGeoBytes;
+    static constexpr int kOffGeo = kOffBar + kBarHeadBytes;
+    static constexpr int kOffKrows = kOffGeo + 2 * kGeoBytes;
     /* Register split: 24 + 2 x 240 or 40 + 2 x 232 = 3 x 168 (384 threads), 32 + 3 x 160 = 4 x 128 (512). With
      * two consumer warpgroups the producer gets 40 registers (its tile loop spills in 24) unless the consumers
      * need the full 240 (head dim 256). */
@@ -336,17 +337,19 @@ struct fa3_qop {
 
 /* Loads the A fragments of a [64 x D] swizzled Q tile: for columns 16 kk.., the pairs at (row, 2 quad),
  * (row + 8, 2 quad), (row, 8 + 2 quad), (row + 8, 8 + 2 quad), row = 16 warp + lane / 4 (the layout of P). */
+static __device__ __forceinline__ uint32_t fa3_q_pair(uint32_t s_q, int warp, int lane, int kk, int x) {
+    const int r = 16 * warp + lane / 4 + 8 * (x & 1), col = 16 * kk + 8 * (x >> 1);
+    const uint32_t addr = s_q + (col / 64) * (64 * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
 template <int D>
 static __device__ __forceinline__ void fa3_load_q_frag(uint32_t (&frag)[D / 4], uint32_t s_q, int warp, int lane) {
-    const int quad = lane % 4;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-            const int r = 16 * warp + lane / 4 + 8 * (x & 1), col = 16 * kk + 8 * (x >> 1);
-            const uint32_t addr = s_q + (col / 64) * (64 * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 4 * quad;
-            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(frag[4 * kk + x]) : "r"(addr) : "memory");
-        }
+        for (int x = 0; x < 4; ++x) frag[4 * kk + x] = fa3_q_pair(s_q, warp, lane, kk, x);
 }
 
 /* S = Q K^T for one key block: D / 16 wgmma steps along the head dim. */
@@ -418,12 +421,7 @@ static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const 
         for (int kk = 0; kk < D / 16; ++kk) {
             uint32_t qa[4];
 #pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const int r = 16 * warp + g + 8 * (x & 1), col = 16 * kk + 8 * (x >> 1);
-                const uint32_t addr =
-                    s_q + (col / 64) * (64 * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 4 * t;
-                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(qa[x]) : "r"(addr) : "memory");
-            }
+            for (int x = 0; x < 4; ++x) qa[x] = fa3_q_pair(s_q, warp, lane, kk, x);
             const uint32_t b0 = row[8 * kk], b1 = row[8 * kk + 4];
             if (BF16)
                 asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -616,16 +614,23 @@ static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float 
     hp_fence_reg(l[1]);
 }
 
-template <int BN, bool JOINT, bool GENERAL, bool R2P>
-static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
-                                                  float (&factor)[2], const fa3_args &a, const fa3_mask_info &mi,
-                                                  int n, int row0, int quad) {
+/* Softcap and mask of key block n, in place. */
+template <int BN, bool GENERAL, bool R2P>
+static __device__ __forceinline__ void fa3_softcap_mask(float (&s)[BN / 2], const fa3_args &a, const fa3_mask_info &mi,
+                                                        int n, int row0, int quad) {
     if (GENERAL && a.softcap_pre != 0.0f) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * a.softcap_pre);
     }
     if (n < mi.n_lo || n >= mi.n_hi)
         fa3_mask<BN, R2P>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
+}
+
+template <int BN, bool JOINT, bool GENERAL, bool R2P>
+static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
+                                                  float (&factor)[2], const fa3_args &a, const fa3_mask_info &mi,
+                                                  int n, int row0, int quad) {
+    fa3_softcap_mask<BN, GENERAL, R2P>(s, a, mi, n, row0, quad);
     const bool move = fa3_softmax<BN, JOINT>(s, m, l, factor, a.scale_log2, a.max_slack);
     fa3_pin_scores<BN>(s, factor, l);
     return move;
@@ -640,14 +645,7 @@ static __device__ __forceinline__ bool fa3_scores_stale(float (&s)[BN / 2], cons
                                                         int quad, bool &destroyed) {
     destroyed = false;
     if (!__all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) return false;
-    if (MASKED) {
-        if (GENERAL && a.softcap_pre != 0.0f) {
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * a.softcap_pre);
-        }
-        if (n < mi.n_lo || n >= mi.n_hi)
-            fa3_mask<BN, true>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
-    }
+    if (MASKED) fa3_softcap_mask<BN, GENERAL, true>(s, a, mi, n, row0, quad);
     destroyed = !fa3_softmax_stale<BN>(s, m, l, a.scale_log2);
     return !destroyed;
 }
@@ -908,7 +906,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
      * causal mask up to 2k). Keeping the slot until the epilogue's second look spilled in the hot loop. */
     constexpr bool kSharedGeo = NWG == 3;
     static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
-    fa3_tile *geo = (fa3_tile *)((uint8_t *)(tile_ids + 2) + ((4 * STAGES + 7) / 8) * 8);
+    fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
     fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows); /* kSharedGeo kernels: one per consumer warp */
     const bool varlen = GENERAL && a.cu_q != nullptr;
     /* In a varlen batch the rows of a V block past its sequence belong to the next sequence or to the padding
