@@ -308,7 +308,21 @@ static void gpu_cases(void) {
     c = shape(FA_BF16, 1, 4, 2, 700, 700, 64);
     c.k_ramp = 1000.0;
     add("stale", with_causal(c), MUST);
-    c.softcap = 30.0f;
+    /* with softcap a wide one (200), so that the capped scores still grow from block to block */
+    c.k_ramp = 40.0;
+    c.softcap = 200.0f;
+    add("stale", c, MUST);
+    /* Large scores (Q x 30): a tile's first block misses its row max among the columns it estimates the max
+     * from, and its check fails too. */
+    c = shape(FA_BF16, 1, 4, 2, 700, 700, 64);
+    c.q_amplitude = 30.0;
+    add("stale", c, MUST);
+    c.dtype = FA_F16;
+    add("stale", with_causal(c), MUST);
+    /* A left window: rows whose first block shows them none of the columns the max is estimated from take the
+     * full softmax on the S they have (softcap already applied: not twice). */
+    c = with_window(shape(FA_F16, 2, 4, 4, 300, 300, 64), 40, -1);
+    c.softcap = 20.0f;
     add("stale", c, MUST);
     /* and with softcap, which these tiles run in a kernel of their own */
     c = shape(FA_BF16, 2, 4, 2, 300, 300, 64);

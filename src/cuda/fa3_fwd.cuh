@@ -650,6 +650,64 @@ static __device__ __forceinline__ bool fa3_scores_stale(float (&s)[BN / 2], cons
     return !destroyed;
 }
 
+/* S of key block n computed again (fa3_mma_scores) from K in global memory, found through the warp's fa3_krows
+ * slot (written at the tile's start). */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool QRS>
+static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t s_k,
+                                                        const fa3_args &a, int n, int lane) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    const uint32_t slot = s_k - C::kOffK + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (threadIdx.x / 32 - 4);
+    unsigned long long k;
+    int len_k;
+    asm volatile("ld.shared.u64 %0, [%1];" : "=l"(k) : "r"(slot) : "memory");
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(len_k) : "r"(slot + 8) : "memory");
+    const int key0 = n * BN;
+    fa3_mma_scores<D, BN, BF16, QRS>(s, q, (const uint16_t *)k + key0 * a.k_stride_seq, a.k_stride_seq,
+                                     min(BN, len_k - key0), lane);
+}
+
+/* The softmax of a tile's first key block n (three consumer warpgroups): against an estimate of the row max,
+ * the max over a quarter of the block's columns (four column groups spread over it), checked like the stale
+ * max (fa3_softmax_stale: each P at most 2^12). That takes three quarters of the max's FMNMX chains off the
+ * path from the tile's first Q K^T to its first P V. Rows without a visible column among those, or a failed
+ * check, take the full softmax (on S computed again where the check destroyed it). */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t s_k,
+                                                        float (&m)[2], float (&l)[2], const fa3_args &a,
+                                                        const fa3_mask_info &mi, int n, int row0, int lane) {
+    const int quad = lane % 4;
+    fa3_softcap_mask<BN, GENERAL, true>(s, a, mi, n, row0, quad);
+    constexpr int kGroups = BN / 8, kStep = (kGroups - 1) / 3;
+    float est[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float t[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) t[j] = fmaxf(s[4 * (j * kStep) + 2 * h], s[4 * (j * kStep) + 2 * h + 1]);
+        est[h] = fmaxf(fmaxf(t[0], t[1]), fmaxf(t[2], t[3]));
+        est[h] = fmaxf(est[h], __shfl_xor_sync(0xffffffffu, est[h], 1));
+        est[h] = fmaxf(est[h], __shfl_xor_sync(0xffffffffu, est[h], 2));
+    }
+    bool done = __all_sync(0xffffffffu, est[0] != -INFINITY && est[1] != -INFINITY), destroyed = false;
+    if (done) {
+        m[0] = est[0];
+        m[1] = est[1];
+        done = fa3_softmax_stale<BN>(s, m, l, a.scale_log2);
+        destroyed = !done;
+    }
+    float factor[2] = {1.0f, 1.0f};
+    if (!done) {
+        /* S as computed again is raw; the intact S has had its softcap and mask (which must not be taken twice) */
+        if (destroyed) {
+            fa3_scores_again<D, BN, NWG, STAGES, BF16, QRS>(s, q, s_k, a, n, lane);
+            fa3_softcap_mask<BN, GENERAL, true>(s, a, mi, n, row0, quad);
+        }
+        m[0] = m[1] = -INFINITY;
+        fa3_softmax<BN, true>(s, m, l, factor, a.scale_log2, a.max_slack);
+    }
+    fa3_pin_scores<BN>(s, factor, l);
+}
+
 /* O / l in 16 bits into a swizzled [D / 64][64][64] shared tile (what the O tensor map's TMA store reads). */
 template <int D, bool BF16>
 static __device__ __forceinline__ void fa3_o_to_smem(const float (&o)[D / 2], const float (&inv)[2], uint32_t s_o,
@@ -771,18 +829,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
         if (!done) {
             /* The rare block the stale max does not cover (or a row without a max yet): the full softmax, after
              * P V(i - 1), so that P's registers are free for computing S again (the K stage is gone by now). */
-            if (destroyed) {
-                typedef fa3_cfg<D, BN, NWG, STAGES> C;
-                const uint32_t slot =
-                    r.s_k - C::kOffK + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (threadIdx.x / 32 - 4);
-                unsigned long long k;
-                int len_k;
-                asm volatile("ld.shared.u64 %0, [%1];" : "=l"(k) : "r"(slot) : "memory");
-                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(len_k) : "r"(slot + 8) : "memory");
-                const int key0 = (n_min + i) * BN;
-                fa3_mma_scores<D, BN, BF16, QRS>(s, q, (const uint16_t *)k + key0 * a.k_stride_seq, a.k_stride_seq,
-                                                 min(BN, len_k - key0), lane);
-            }
+            if (destroyed) fa3_scores_again<D, BN, NWG, STAGES, BF16, QRS>(s, q, r.s_k, a, n_min + i, lane);
             move = fa3_scores<BN, true, GENERAL, true>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
         }
     }
@@ -1143,7 +1190,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
                     FA3_EV(FA3_EV_QK_DONE, 0);
                     fa3_release(bar_k_empty + 8 * st0, lane);
-                    fa3_scores<BN, NWG == 3, GENERAL, NWG == 3>(s, m, l, factor, a, mi, n_min, row0, quad);
+                    if constexpr (NWG == 3)
+                        fa3_first_scores<D, BN, NWG, STAGES, BF16, QRS, GENERAL>(s, q, s_k, m, l, a, mi, n_min, row0,
+                                                                                 lane);
+                    else
+                        fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, quad);
                     fa3_convert_p<BN, BF16>(s, p);
                     if (nbw > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
                     /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
