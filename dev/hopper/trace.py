@@ -83,6 +83,10 @@ def main(path):
         if cta in starts:
             busy += ends[cta] - starts[cta]
     print("CTA spans (clock64 is per SM: not comparable across CTAs) mean %.0f cycles" % (busy / len(starts)))
+    print("turns %d; rotation held (cycles, %% of the CTAs' summed spans) by what the late warpgroup did before:"
+          % turns)
+    for k, v in held.most_common(10):
+        print("  %-38s %6.1f%%" % (k, 100.0 * v / max(busy, 1)))
 
     tiles = collections.defaultdict(list)
     for (cta, wg), ev in streams.items():
