@@ -218,7 +218,6 @@ static size_t tensor_bytes(const vf_problem *pr, const vf_tensor *t) {
 
 #define FILL_BLOCK_ROWS 64
 
-/* Random values in every row of the problem; `amplitude` scales them. */
 /* Where key token `tok` (a row of the packed tensor for varlen) sits in its sequence, as a fraction in [0, 1). */
 static double key_position(const vf_problem *pr, int64_t tok) {
     if (!pr->cfg.varlen) return (double)(tok % pr->cfg.seqlen_k) / pr->cfg.seqlen_k;
@@ -228,6 +227,7 @@ static double key_position(const vf_problem *pr, int64_t tok) {
     return len > 0 ? (double)(tok - pr->cu_k[b]) / (double)len : 0.0;
 }
 
+/* Random values in every row of the problem; `amplitude` scales them (and, for keys, k_ramp along the sequence). */
 static void fill_random(vf_problem *pr, vf_tensor *t, uint64_t stream, double amplitude) {
     const int64_t nrows = valid_rows(pr, t), d = pr->cfg.head_dim,
                   nblocks = (nrows + FILL_BLOCK_ROWS - 1) / FILL_BLOCK_ROWS;

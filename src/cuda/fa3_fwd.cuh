@@ -813,9 +813,9 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
         done = fa3_scores_stale<BN, GENERAL, (KST < 0)>(s, m, l, a, mi, n_min + i, row0, lane % 4, destroyed);
         fa3_pin_scores<BN>(s, factor, l);
     } else if constexpr (KST < 0) {
-        move = fa3_scores<BN, NWG == 3, GENERAL, NWG == 3>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
+        move = fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
     } else {
-        move = fa3_softmax<BN, NWG == 3>(s, m, l, factor, a.scale_log2, a.max_slack);
+        move = fa3_softmax<BN, false>(s, m, l, factor, a.scale_log2, a.max_slack);
         fa3_pin_scores<BN>(s, factor, l);
     }
     /* Waiting for the next K block here (it is needed next anyway) puts a loop between the softmax and the
@@ -1237,7 +1237,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
                         fa3_release(bar_k_empty + 8 * st, lane);
                         if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(bar_q_empty + 8 * c, lane);
-                        if (fa3_scores<BN, NWG == 3, GENERAL, NWG == 3>(s, m, l, factor, a, mi, n_min + i, row0, quad))
+                        if (fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min + i, row0, quad))
                             fa3_rescale<D>(o, factor);
                         fa3_convert_p<BN, BF16>(s, p);
                         hp_mbar_wait(bar_v_wait + 8 * st, parity);
