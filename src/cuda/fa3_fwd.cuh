@@ -751,13 +751,19 @@ struct fa3_ring {
 };
 
 /* Ping-pong: a consumer warpgroup waits for its turn to issue GEMMs, and passes the turn on after issuing.
- * Every warpgroup takes the same number of turns per tile (nb + 1 with the overlap, 2 nb without), also one
- * that skips the tile or its last blocks. With two consumer warpgroups the turns start afresh each tile: the
- * last warpgroup drops its final arrival and hands the first turn over when it starts the next tile. With three
+ * Every warpgroup takes the same number of turns per tile, also one that skips the tile or its last blocks:
+ * nb + 1 with the overlap (2 nb without) with two consumer warpgroups, whose turns start afresh each tile (the
+ * last warpgroup drops its final arrival and hands the first turn over when it starts the next tile). With three
  * (fa3_turns_across_tiles) they run on across tiles: warpgroup 0 takes the next tile's first turn right after
- * the last warpgroup's last P V is issued instead of after its epilogue, so the tensor cores do not drain
- * between tiles; one arrival is left over at the end, which warpgroup 0 takes before it exits. */
+ * the last warpgroup's last P V is issued instead of after its epilogue, so that the tensor cores do not drain
+ * between tiles; one arrival is left over at the end, which warpgroup 0 takes before it exits. And with three a
+ * tile's first Q K^T goes out without a turn, as soon as its K block has landed (fa3_first_qk_free): nb turns
+ * per tile, and a warpgroup starting a tile holds up the others' turns only while its first softmax runs, no
+ * longer while its Q lands as well. */
 static __host__ __device__ constexpr bool fa3_turns_across_tiles(int nwg) {
+    return nwg == 3;
+}
+static __host__ __device__ constexpr bool fa3_first_qk_free(int nwg) {
     return nwg == 3;
 }
 template <bool PINGPONG>
@@ -882,16 +888,18 @@ static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa
 }
 
 /* Key blocks [i0, nb) of the tile that this warpgroup does not compute (overlapped schedule, the only one of the
- * kernels that skip): it issues nothing, but takes its turn of the ping-pong for each (Q K(i)^T with P V(i - 1))
- * and releases every K and V block like the others, so that the barriers' counts and phases stay what the
- * producer and the other warpgroups expect. A block is released only once it has landed: an early arrival would
- * count towards the stage's previous use. */
+ * kernels that skip): it issues nothing, but takes its turn of the ping-pong for each (Q K(i)^T with P V(i - 1);
+ * block 0 has none, fa3_first_qk_free) and releases every K and V block like the others, so that the barriers'
+ * counts and phases stay what the producer and the other warpgroups expect. A block is released only once it has
+ * landed: an early arrival would count towards the stage's previous use. */
 template <int NWG, int STAGES, bool PINGPONG>
 static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, const fa3_ring &r, int lane, int c) {
 #pragma unroll 1
     for (int i = i0; i < nb; ++i) {
-        fa3_pp_sync<PINGPONG>(c);
-        fa3_pp_arrive<PINGPONG, NWG>(c, false);
+        if (i > 0 || !fa3_first_qk_free(NWG)) {
+            fa3_pp_sync<PINGPONG>(c);
+            fa3_pp_arrive<PINGPONG, NWG>(c, false);
+        }
         const int j = kv + i, st = j % STAGES;
         const uint32_t parity = (j / STAGES) & 1;
         hp_mbar_wait(r.k_full + 8 * st, parity);
@@ -1182,9 +1190,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     }
                     const int st0 = kv % STAGES;
                     hp_mbar_wait(bar_k_full + 8 * st0, (kv / STAGES) & 1);
-                    fa3_pp_sync<PINGPONG>(c);
+                    if (!fa3_first_qk_free(NWG)) fa3_pp_sync<PINGPONG>(c);
                     fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st0 * C::kKVBytes, 16, 1024));
-                    fa3_pp_arrive<PINGPONG, NWG>(c, false);
+                    if (!fa3_first_qk_free(NWG)) fa3_pp_arrive<PINGPONG, NWG>(c, false);
                     hp_wgmma_wait<0>();
 #pragma unroll
                     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
