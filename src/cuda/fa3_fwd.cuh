@@ -757,9 +757,8 @@ struct fa3_ring {
  * (fa3_turns_across_tiles) they run on across tiles: warpgroup 0 takes the next tile's first turn right after
  * the last warpgroup's last P V is issued instead of after its epilogue, so that the tensor cores do not drain
  * between tiles; one arrival is left over at the end, which warpgroup 0 takes before it exits. And with three a
- * tile's first Q K^T goes out without a turn, as soon as its K block has landed (fa3_first_qk_free): nb turns
- * per tile, and a warpgroup starting a tile holds up the others' turns only while its first softmax runs, no
- * longer while its Q lands as well. */
+ * tile's first Q K^T goes out without a turn, as soon as Q and its K block have landed (fa3_first_qk_free): nb
+ * turns per tile, so a warpgroup between tiles has one turn fewer that can come due before it is ready. */
 static __host__ __device__ constexpr bool fa3_turns_across_tiles(int nwg) {
     return nwg == 3;
 }
