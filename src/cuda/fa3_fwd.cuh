@@ -1146,9 +1146,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             mi.off = g.len_k - g.len_q - g.shift;
             if constexpr (kSharedGeo) {
                 if (lane == 0) {
+                    /* the KV head by multiply-high: a divide's reciprocal would queue on the MUFU pipe behind the
+                     * other warpgroups' exponentials, on this warpgroup's way into the tile */
+                    const int hk = kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
                     fa3_krows &kr = krows[4 * c + warp];
                     kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) +
-                           (int64_t)g.tok_k * a.k_stride_seq + (int64_t)(g.h / a.group) * a.k_stride_head;
+                           (int64_t)g.tok_k * a.k_stride_seq + (int64_t)hk * a.k_stride_head;
                     kr.len_k = g.len_k;
                 }
                 __syncwarp();
