@@ -9,6 +9,7 @@
  * block of its 192-row tiles; FLASHATTN_FA3_SCHEDULER = dynamic (tiles from the atomic counter) | static
  * (round robin) | grid (one CTA per tile, not persistent); FLASHATTN_FA3_LAZY = 0 rescales O whenever a row max
  * grows; FLASHATTN_FA3_ORDER = head keeps causal tiles in head-major order, = longest longest first everywhere;
+ * FLASHATTN_FA3_SECTION_MB = N sizes the longest-first sections by N MB of K and V (default 32);
  * FLASHATTN_FA3_ALIGN = start starts every sequence's first 192-row tile at its row 0 also under a causal mask.
  * A build with -DFA3_TRACE=1 writes each launch's timeline to the file FLASHATTN_FA3_TRACE names
  * (dev/hopper/trace.py reads it).
@@ -115,17 +116,22 @@ static int choose_block_n(const fa_params *p, int block_m) {
 }
 
 /* Tiles of unequal length (a causal or right-bounded window mask): the (batch, head) pairs per section of the
- * longest-first tile order (fa3_args.section), as many as keep their K and V within about 32 MB of L2. Equal
- * tiles, or FLASHATTN_FA3_ORDER = head: 0, head-major; also head dim 256 up to 1k queries, where the tiles (8
- * per head at 1k) are short and head-major measured as fast at 1k and 7-11% faster at 512 (from 2k on longest
- * first is as fast or, from 4k, 5-12% faster). FLASHATTN_FA3_ORDER = longest: longest first there too. */
+ * longest-first tile order (fa3_args.section), as many as keep their K and V within about 32 MB of L2
+ * (FLASHATTN_FA3_SECTION_MB). Equal tiles, or FLASHATTN_FA3_ORDER = head: 0, head-major; also up to 1k queries,
+ * where a head has few tiles (6 at head dim 64) and head-major, whose tiles of one head run side by side and
+ * share its K and V in L2 at once, measured as fast or faster on the H200 (d=128 causal 512 +4%) and on the
+ * H100, with less memory bandwidth, faster (causal 512 / 1k: d=64 +8 / +4.5%, d=128 +20 / +4.5%); from 2k on
+ * longest first is as fast or faster (2k 0-6.5%, 4k 2.5-9%). FLASHATTN_FA3_ORDER = longest: longest first there
+ * too. */
 static int longest_first_section(const fa_params *p, int right_bounded) {
     const char *env = getenv("FLASHATTN_FA3_ORDER");
     if (!right_bounded || (env != NULL && strcmp(env, "head") == 0)) return 0;
-    if (p->head_dim == 256 && p->seqlen_q <= 1024 && !(env != NULL && strcmp(env, "longest") == 0)) return 0;
+    if (p->seqlen_q <= 1024 && !(env != NULL && strcmp(env, "longest") == 0)) return 0;
     const int64_t pairs = (int64_t)p->heads_q * p->batch;
     const int64_t kv_bytes = (int64_t)p->seqlen_k * p->head_dim * 4 / (p->heads_q / p->heads_kv); /* per query head */
-    int64_t n = ((int64_t)32 << 20) / (kv_bytes > 0 ? kv_bytes : 1);
+    const char *mb = getenv("FLASHATTN_FA3_SECTION_MB");
+    const int64_t budget = (int64_t)(mb != NULL && atoi(mb) > 0 ? atoi(mb) : 32) << 20;
+    int64_t n = budget / (kv_bytes > 0 ? kv_bytes : 1);
     if (n < 1) n = 1;
     if (n > pairs) n = pairs;
     return (int)n;
