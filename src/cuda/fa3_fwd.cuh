@@ -3,10 +3,11 @@
  * per-head-dim instantiation files fa3_fwd_hdim*.cu.
  *
  * A persistent grid (one CTA per SM) walks tiles of kBlockM = 64 * NWG query rows of one (batch, head); tiles
- * come from an atomic counter (or round robin) in head-major order, or under a causal mask longest first across
- * the heads of an L2-sized section (fa3_tile_get). With three consumer warpgroups a warpgroup whose 64 rows lie
- * outside the sequence skips the tile (fa3_idle_tile), and under a causal mask the tiles end at the last query,
- * so that the partial tile is the first, shortest one. In a CTA:
+ * come from an atomic counter (or round robin) in head-major order (under a causal mask each head's longest
+ * first), or under a causal mask above 1k queries longest first across the heads of an L2-sized section
+ * (fa3_tile_get; the host chooses, longest_first_section). With three consumer warpgroups a warpgroup whose 64
+ * rows lie outside the sequence skips the tile (fa3_idle_tile), and under a causal mask the tiles end at the last
+ * query, so that the partial tile is the first, shortest one. In a CTA:
  *   warpgroup 0  producer: one thread fetches the next tile index (with three consumer warpgroups it also
  *                publishes the tile's geometry) and issues TMA loads of Q (once per tile)
  *                and of K and V blocks into a STAGES-deep ring; each load completes on a "full" mbarrier with
