@@ -130,8 +130,8 @@ static int longest_first_section(const fa_params *p, int right_bounded) {
     const int64_t pairs = (int64_t)p->heads_q * p->batch;
     const int64_t kv_bytes = (int64_t)p->seqlen_k * p->head_dim * 4 / (p->heads_q / p->heads_kv); /* per query head */
     const char *mb = getenv("FLASHATTN_FA3_SECTION_MB");
-    const int64_t budget = (int64_t)(mb != NULL && atoi(mb) > 0 ? atoi(mb) : 32) << 20;
-    int64_t n = budget / (kv_bytes > 0 ? kv_bytes : 1);
+    const int budget_mb = mb != NULL ? atoi(mb) : 0;
+    int64_t n = ((int64_t)(budget_mb > 0 ? budget_mb : 32) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
     if (n < 1) n = 1;
     if (n > pairs) n = pairs;
     return (int)n;

@@ -1149,7 +1149,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 if (lane == 0) {
                     /* the KV head by multiply-high: a divide's reciprocal would queue on the MUFU pipe behind the
                      * other warpgroups' exponentials, on this warpgroup's way into the tile */
-                    const int hk = kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
+                    const int hk = fa3_div(a.div_group, g.h);
                     fa3_krows &kr = krows[4 * c + warp];
                     kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) +
                            (int64_t)g.tok_k * a.k_stride_seq + (int64_t)hk * a.k_stride_head;
