@@ -291,6 +291,18 @@ static void gpu_cases(void) {
     add("tiles", with_causal(shape(FA_F16, 2, 4, 1, 1500, 1100, 64)), MUST | BIG);
     add("tiles", with_varlen(with_causal(shape(FA_BF16, 9, 4, 2, 1400, 1400, 64)), 5), MUST | BIG);
     add("tiles", with_causal(shape(FA_BF16, 2, 4, 2, 300, 300, 64)), MUST);
+    /* 3k + 1 groups of 64 rows (448, 1k): the first tile has one warpgroup with rows (the top 64, over key block
+     * 0) beside two idle ones; also with large scores and with a key ramp, where that warpgroup's estimated max
+     * misses and S is computed again. */
+    add("tiles", with_causal(shape(FA_BF16, 2, 4, 2, 1024, 1024, 64)), MUST | BIG);
+    add("tiles", with_causal(shape(FA_F16, 3, 4, 1, 448, 448, 64)), MUST | DET);
+    c = with_causal(shape(FA_BF16, 2, 4, 2, 448, 448, 64));
+    c.q_amplitude = 30.0;
+    add("tiles", c, MUST);
+    c.dtype = FA_F16;
+    c.q_amplitude = 1.0;
+    c.k_ramp = 40.0;
+    add("tiles", c, MUST);
     add("tiles", shape(FA_F16, 2, 4, 4, 200, 200, 64), MUST);
     add("tiles", shape(FA_BF16, 2, 4, 2, 300, 300, 64), MUST);
     /* Row maxima that grow block after block (keys scaled up along the sequence): the 192-row tiles' softmax
