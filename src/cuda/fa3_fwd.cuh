@@ -4,10 +4,11 @@
  *
  * A persistent grid (one CTA per SM) walks tiles of kBlockM = 64 * NWG query rows of one (batch, head); tiles
  * come from an atomic counter (or round robin) in head-major order (under a causal mask each head's longest
- * first), or under a causal mask above 1k queries longest first across the heads of an L2-sized section
- * (fa3_tile_get; the host chooses, longest_first_section). With three consumer warpgroups a warpgroup whose 64
- * rows lie outside the sequence skips the tile (fa3_idle_tile), and under a causal mask the tiles end at the last
- * query, so that the partial tile is the first, shortest one. In a CTA:
+ * first; where a head's first tile has a single warpgroup's rows, every head's first tile after all the
+ * others: fa3_claim_order), or under a causal mask above 1k queries longest first across the heads of an
+ * L2-sized section (fa3_tile_get; the host chooses, longest_first_section). With three consumer warpgroups a
+ * warpgroup whose 64 rows lie outside the sequence skips the tile (fa3_idle_tile), and under a causal mask the
+ * tiles end at the last query, so that the partial tile is the first, shortest one. In a CTA:
  *   warpgroup 0  producer: one thread fetches the next tile index (with three consumer warpgroups it also
  *                publishes the tile's geometry) and issues TMA loads of Q (once per tile)
  *                and of K and V blocks into a STAGES-deep ring; each load completes on a "full" mbarrier with
@@ -91,6 +92,10 @@ struct fa3_args {
     int *tile_counter; /* zeroed before the launch; NULL: tiles are dealt round robin */
     int num_bh;        /* heads_q * batch */
     fa3_divisor div_m_blocks, div_heads, div_group, div_section, div_section_tiles; /* by num_m_blocks, ... */
+    /* fa3_claim_order: claims from first_blocks_claim on take each head's first query block (= num_tiles:
+     * none do); before it, claim c takes tile c + c / div_head_tiles (num_m_blocks - 1; 2^30: tile c) */
+    int first_blocks_claim;
+    fa3_divisor div_head_tiles;
 };
 
 /* A launch: tensor maps, arguments and grid. */
@@ -280,6 +285,17 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
         g.nblocks = (int)((key_hi + BN - 1) / BN) - g.n_min;
     }
     return true;
+}
+
+/* The tile that the producer's claim number `claim` stands for: the same, or (head-major order, reverse_m, set
+ * by the host where a head's first query block is its shortest tile by far) each head's other query blocks
+ * first and every head's first query block after all of those, so that the grid ends with short tiles. The
+ * tile index c of head-major order is bh * num_m_blocks + mi; the first part's claim c = bh * (num_m_blocks - 1)
+ * + mi maps to c + bh. Only the producer maps; the consumers decode the tile index it publishes. */
+static __device__ __forceinline__ int fa3_claim_order(const fa3_args &a, int claim) {
+    if (claim >= a.num_tiles) return claim;
+    return claim < a.first_blocks_claim ? claim + fa3_div(a.div_head_tiles, claim)
+                                        : (claim - a.first_blocks_claim + 1) * a.num_m_blocks - 1;
 }
 
 /* Key blocks n with n_lo <= n < n_hi need no mask for query rows [first, last]: they end inside len_k and inside
@@ -1000,8 +1016,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             hp_prefetch_tensor_map(&tm_q);
             hp_prefetch_tensor_map(&tm_k);
             hp_prefetch_tensor_map(&tm_v);
-            int tile = blockIdx.x, kv = 0, q_loads = 0;
+            int claim = blockIdx.x, kv = 0, q_loads = 0;
             for (int k = 0;; ++k) {
+                const int tile = kSharedGeo ? fa3_claim_order(a, claim) : claim;
                 /* Publish the tile index (double-buffered) to the consumers. */
                 const int slot = k & 1;
                 hp_mbar_wait(bar_tile_empty + 8 * slot, ((k >> 1) & 1) ^ 1);
@@ -1058,7 +1075,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 /* The next tile is claimed once this one's loads are out (about STAGES blocks before the consumers
                  * finish it), not when it starts: the SM that frees up first takes the next tile of the order
                  * (measured 1-3% faster at head dim 128). */
-                tile = a.tile_counter != nullptr ? (int)gridDim.x + atomicAdd(a.tile_counter, 1) : tile + (int)gridDim.x;
+                claim = a.tile_counter != nullptr ? (int)gridDim.x + atomicAdd(a.tile_counter, 1) : claim + (int)gridDim.x;
             }
             if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
                 const int st = kv % STAGES;
