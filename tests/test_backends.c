@@ -305,6 +305,15 @@ static void gpu_cases(void) {
     add("tiles", c, MUST);
     add("tiles", shape(FA_F16, 2, 4, 4, 200, 200, 64), MUST);
     add("tiles", shape(FA_BF16, 2, 4, 2, 300, 300, 64), MUST);
+    /* Those first tiles are claimed after all the others (3k + 1 groups, up to 1k queries): one head per batch,
+     * more keys than queries (96 or 216 keys for the first rows), a right window edge without a mask, softcap. */
+    add("tiles", with_causal(shape(FA_BF16, 5, 1, 1, 448, 448, 64)), MUST);
+    add("tiles", with_causal(shape(FA_F16, 3, 2, 1, 448, 480, 64)), MUST);
+    add("tiles", with_causal(shape(FA_BF16, 2, 4, 2, 448, 600, 64)), MUST);
+    add("tiles", with_window(shape(FA_F16, 2, 3, 3, 448, 448, 64), -1, 20), MUST);
+    c = with_causal(shape(FA_BF16, 2, 4, 4, 448, 448, 64));
+    c.softcap = 30.0f;
+    add("tiles", c, MUST);
     /* Row maxima that grow block after block (keys scaled up along the sequence): the 192-row tiles' softmax
      * against the stale max fails there, and those blocks take the full softmax on S computed again; at 1000
      * some exponentials against the stale max overflow to inf. */
