@@ -306,7 +306,8 @@ static void gpu_cases(void) {
     add("tiles", shape(FA_F16, 2, 4, 4, 200, 200, 64), MUST);
     add("tiles", shape(FA_BF16, 2, 4, 2, 300, 300, 64), MUST);
     /* Those first tiles are claimed after all the others (3k + 1 groups, up to 1k queries): one head per batch,
-     * more keys than queries (96 or 216 keys for the first rows), a right window edge without a mask, softcap. */
+     * more keys than queries (the first rows see 96 keys, one block, or 216, two), a right window edge without a
+     * mask, softcap (the general kernel). */
     add("tiles", with_causal(shape(FA_BF16, 5, 1, 1, 448, 448, 64)), MUST);
     add("tiles", with_causal(shape(FA_F16, 3, 2, 1, 448, 480, 64)), MUST);
     add("tiles", with_causal(shape(FA_BF16, 2, 4, 2, 448, 600, 64)), MUST);

@@ -209,9 +209,9 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
      * under a causal mask, are claimed after all the others (fa3_claim_order), so that they fill the end of the
      * grid. H200, head dim 64 causal 1k: +3.3%, more than skipping those tiles altogether gained (+2.3%, wrong
      * output, for the bound): the grid's last wave no longer waits on the last heads' long tiles. */
-    const int groups = (p->seqlen_q + 63) / 64;
+    const int idle_first = (a->num_m_blocks * block_m - p->seqlen_q) / 64; /* warpgroups, as fa3_tile_get's shift */
     const int first_last = a->align_end && a->section == 0 && !fa_is_varlen(p) && a->num_m_blocks > 1 &&
-                           groups % 3 == 1;
+                           idle_first == block_m / 64 - 1;
     a->first_blocks_claim = first_last ? a->num_bh * (a->num_m_blocks - 1) : a->num_tiles;
     a->div_head_tiles = fa3_divisor_make(first_last ? a->num_m_blocks - 1 : 1 << 30);
     a->div_m_blocks = fa3_divisor_make(a->num_m_blocks);
