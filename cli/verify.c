@@ -588,11 +588,14 @@ static fa_status workspace_alloc(vf_problem *pr, const fa_params *p, fa_exec *x,
     if (uses_device(pr, x->backend)) {
         st = cuda_result(pr, cudaMalloc(&x->workspace, bytes), "cudaMalloc workspace");
         if (st == FA_OK) x->workspace_bytes = bytes;
+        /* Scratch may hold anything: a pattern that reads as a large count, so a kernel that trusted it fails */
+        if (st == FA_OK) st = cuda_result(pr, cudaMemset(x->workspace, 0x7f, bytes), "cudaMemset workspace");
         return st;
     }
 #endif
     x->workspace = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!x->workspace) return FA_ERR_OUT_OF_MEMORY;
+    memset(x->workspace, 0x7f, bytes);
     x->workspace_bytes = bytes;
     return FA_OK;
 }

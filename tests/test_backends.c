@@ -357,6 +357,14 @@ static void gpu_cases(void) {
     c = with_causal(shape(FA_BF16, 2, 4, 2, 700, 700, 64)); /* the dynamic tile order of the 192-row kernel */
     c.workspace = 1;
     add("workspace", c, F);
+    /* More tiles than an H100 or H200 has SMs (132): the tiles past the first wave come from the tile counter in
+     * the scratch, whose stale contents (a pattern, cli/verify.c) must not decide which tiles run */
+    c = with_causal(shape(FA_BF16, 8, 16, 4, 448, 448, 64)); /* 384 tiles; each head's first one claimed last */
+    c.workspace = 1;
+    add("workspace", c, MUST | DET);
+    c = shape(FA_F16, 2, 16, 8, 1024, 1024, 128); /* 256 tiles */
+    c.workspace = 1;
+    add("workspace", c, MUST);
     /* outside the CUDA scope: any answer but a wrong one is fine */
     add("f32", shape(FA_F32, 2, 4, 2, 100, 100, 64), BWD);
     add("hdim40", shape(FA_BF16, 2, 4, 2, 100, 100, 40), BWD);

@@ -16,6 +16,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda/fa3_fwd.cuh"
 
@@ -83,11 +84,33 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
     return FA_OK;
 }
 
-/* The workspace holds the tile counter of the persistent grid. */
+/* The workspace holds the tile counter of the persistent grid and the tag of the launch that reset it
+ * (fa3_counter_reset). */
 extern "C" size_t fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
     (void)p;
     (void)dev;
     return 256;
+}
+
+/* A tag no other launch of this process has, and one that stale workspace contents (zeros, a pattern, another
+ * process's tags) match only by a 2^-64 chance: a bijective 64-bit mix of a per-process salt plus a count. */
+static unsigned long long mix64(unsigned long long x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static unsigned long long next_launch_tag(void) {
+    static unsigned long long salt, launches;
+    if (__atomic_load_n(&salt, __ATOMIC_ACQUIRE) == 0) {
+        unsigned long long s = mix64((unsigned long long)time(NULL) ^ (unsigned long long)(uintptr_t)&salt ^
+                                     ((unsigned long long)clock() << 32)) | 1;
+        unsigned long long zero = 0;
+        __atomic_compare_exchange_n(&salt, &zero, s, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+    return mix64(__atomic_load_n(&salt, __ATOMIC_ACQUIRE) + __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED));
 }
 
 static int env_schedule(void) {
@@ -229,9 +252,9 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     if (one_cta_per_tile) {
         pr.grid = a->num_tiles; /* one CTA per tile, in tile order: the hardware schedules */
     } else if (workspace != NULL && !(sched != NULL && strcmp(sched, "static") == 0)) {
-        a->tile_counter = (int *)workspace;
-        cudaError_t err = cudaMemsetAsync(workspace, 0, sizeof(int), stream);
-        if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: clearing the tile counter");
+        a->counter_tag = (unsigned long long *)workspace;
+        a->tile_counter = (int *)((char *)workspace + sizeof(unsigned long long));
+        a->launch_tag = next_launch_tag();
     }
 
     if ((st = make_map(&pr.tm_q, p, &p->q, p->heads_q, 64)) != FA_OK) return st;
