@@ -97,6 +97,7 @@ part_sanitize() {
         "--dtype f16 --batch 2 --seqlen-q 300 --seqlen-k 300 --heads 4 --head-dim 64 --softcap 20 --window 40,-1"
         "--dtype bf16 --batch 1 --seqlen-q 700 --seqlen-k 700 --heads 2 --head-dim 64 --causal --k-ramp 1000"
         "--dtype bf16 --batch 2 --seqlen-q 448 --seqlen-k 448 --heads 2 --heads-kv 1 --head-dim 64 --causal"
+        "--dtype bf16 --batch 4 --seqlen-q 448 --seqlen-k 448 --heads 16 --heads-kv 4 --head-dim 64 --causal --k-ramp 1000"
     )
     [ $QUICK -eq 1 ] && shapes=("${shapes[0]}")
     local pass=0 fail=0 unsupported=0
