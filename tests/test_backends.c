@@ -198,6 +198,8 @@ static void cpu_cases(void) {
     c.workspace = 1;
     add("workspace", c, F);
     add("workspace", with_causal(c), F);
+    c.workspace = 2; /* a caller's workspace need not be aligned */
+    add("workspace", with_causal(c), F);
 }
 
 /* ---- the GPU suite: f16/bf16 over the CUDA head dims ---- */
@@ -365,6 +367,13 @@ static void gpu_cases(void) {
     c = shape(FA_F16, 2, 16, 8, 1024, 1024, 128); /* 256 tiles */
     c.workspace = 1;
     add("workspace", c, MUST);
+    /* a caller's workspace need not be aligned (the tile counter's tag is 64-bit; the backward's dQ is fp32) */
+    c = with_causal(shape(FA_BF16, 4, 16, 4, 448, 448, 64));
+    c.workspace = 2;
+    add("workspace", c, F);
+    c = shape(FA_F16, 2, 4, 2, 256, 256, 128);
+    c.workspace = 2;
+    add("workspace", c, F);
     /* outside the CUDA scope: any answer but a wrong one is fine */
     add("f32", shape(FA_F32, 2, 4, 2, 100, 100, 64), BWD);
     add("hdim40", shape(FA_BF16, 2, 4, 2, 100, 100, 40), BWD);
