@@ -291,7 +291,7 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
 
 /* The tile counter lives in the caller's workspace, which may hold anything, and is reset inside the kernel
  * rather than by a memset before the launch (one more operation on the stream; H200, head dim 64: +0.3-0.6%
- * under a causal mask up to 4k): CTA 0 zeroes it and then publishes the launch's tag beside it; every other CTA
+ * under a causal mask up to 2k): CTA 0 zeroes it and then publishes the launch's tag beside it; every other CTA
  * sees the tag before its first claim. A CTA's first tile is blockIdx.x, so by then CTA 0 (the first to be
  * dispatched) has long passed its reset. */
 static __device__ __forceinline__ void fa3_counter_reset(const fa3_args &a) {
