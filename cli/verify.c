@@ -124,7 +124,7 @@ void vf_config_describe(const vf_config *c, char *buf, size_t size) {
     if (c->layout > 0 && c->layout <= 4) VF_APPEND("%s", layouts[c->layout]);
     if (c->uniform) VF_APPEND(" uniform");
     if (c->deterministic) VF_APPEND(" det");
-    if (c->workspace) VF_APPEND(" ws");
+    if (c->workspace) VF_APPEND(c->workspace == 2 ? " ws+4" : " ws");
 #undef VF_APPEND
 }
 
@@ -576,40 +576,54 @@ static int uses_device(const vf_problem *pr, fa_backend b) {
     return vf_backend_on_device(b) && pr->on_device;
 }
 
-/* Workspace of fa_workspace_size() bytes in the backend's memory space (NULL and 0 bytes when none). */
+/* Workspace of fa_workspace_size() bytes in the backend's memory space (NULL and 0 bytes when none); with
+ * cfg.workspace 2 it starts 4 bytes past an aligned address. */
 static fa_status workspace_alloc(vf_problem *pr, const fa_params *p, fa_exec *x, int backward) {
     size_t bytes = 0;
     fa_status st = fa_workspace_size(p, x, backward, &bytes);
     if (st != FA_OK) return st;
     x->workspace = NULL;
     x->workspace_bytes = 0;
+    pr->ws_base = NULL;
     if (bytes == 0) return FA_OK;
+    const size_t skew = pr->cfg.workspace == 2 ? 4 : 0, alloc = (bytes + skew + 63) / 64 * 64;
 #ifdef FA_WITH_CUDA
     if (uses_device(pr, x->backend)) {
-        st = cuda_result(pr, cudaMalloc(&x->workspace, bytes), "cudaMalloc workspace");
-        if (st == FA_OK) x->workspace_bytes = bytes;
+        st = cuda_result(pr, cudaMalloc(&pr->ws_base, alloc), "cudaMalloc workspace");
+        if (st != FA_OK) {
+            pr->ws_base = NULL;
+            return st;
+        }
         /* Scratch may hold anything: a pattern that reads as a large count, so a kernel that trusted it fails */
-        if (st == FA_OK) st = cuda_result(pr, cudaMemset(x->workspace, 0x7f, bytes), "cudaMemset workspace");
-        return st;
+        if ((st = cuda_result(pr, cudaMemset(pr->ws_base, 0x7f, alloc), "cudaMemset workspace")) != FA_OK) {
+            cudaFree(pr->ws_base);
+            pr->ws_base = NULL;
+            return st;
+        }
+        x->workspace = (char *)pr->ws_base + skew;
+        x->workspace_bytes = bytes;
+        return FA_OK;
     }
 #endif
-    x->workspace = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!x->workspace) return FA_ERR_OUT_OF_MEMORY;
-    memset(x->workspace, 0x7f, bytes);
+    pr->ws_base = aligned_alloc(64, alloc);
+    if (!pr->ws_base) return FA_ERR_OUT_OF_MEMORY;
+    memset(pr->ws_base, 0x7f, alloc);
+    x->workspace = (char *)pr->ws_base + skew;
     x->workspace_bytes = bytes;
     return FA_OK;
 }
 
 static void workspace_free(vf_problem *pr, fa_exec *x) {
+    x->workspace = NULL;
 #ifdef FA_WITH_CUDA
     if (uses_device(pr, x->backend)) {
-        cudaFree(x->workspace);
-        x->workspace = NULL;
+        cudaFree(pr->ws_base);
+        pr->ws_base = NULL;
         return;
     }
 #endif
-    free(x->workspace);
-    x->workspace = NULL;
+    free(pr->ws_base);
+    pr->ws_base = NULL;
 }
 
 /* ---------------------------------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ typedef struct vf_config {
     double k_ramp;      /* the key at position j of a sequence of n is multiplied by 1 + k_ramp * j / n (0 = none):
                            row maxima that grow along the keys, block after block */
     float pad_value;    /* what the elements outside the problem hold (default NaN) */
-    int workspace;      /* vf_run passes an explicit workspace of fa_workspace_size() bytes */
+    int workspace;      /* vf_run passes an explicit workspace of fa_workspace_size() bytes; 2: at an address 4
+                           bytes past an aligned one */
     uint64_t seed;
 } vf_config;
 
@@ -109,6 +110,7 @@ typedef struct vf_problem {
     float *slopes, *d_slopes;
     int64_t slope_count;
 
+    void *ws_base;       /* the allocation behind an explicit workspace */
     vf_expected *expect; /* cached reference and naive results */
     char error[256];
 } vf_problem;

@@ -176,8 +176,9 @@ typedef struct fa_exec {
     int32_t    device;      /* CUDA device ordinal; -1 = the calling thread's current device */
     int32_t    num_threads; /* CPU threads; 0 = OpenMP's default */
     void      *stream;      /* cudaStream_t; NULL = the legacy default stream */
-    /* Scratch memory in the backend's memory space, at least fa_workspace_size() bytes. NULL: the library
-     * allocates and frees it within the call (with cudaMallocAsync on the stream for CUDA). */
+    /* Scratch memory in the backend's memory space, at least fa_workspace_size() bytes, at any alignment (the
+     * size includes the slack to align it), holding anything. NULL: the library allocates and frees it within
+     * the call (with cudaMallocAsync on the stream for CUDA). */
     void  *workspace;
     size_t workspace_bytes;
 } fa_exec;

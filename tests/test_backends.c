@@ -83,6 +83,12 @@ static vf_config with_causal(vf_config c) {
     return c;
 }
 
+/* 1: an explicit workspace; 2: one that starts 4 bytes past an aligned address */
+static vf_config with_workspace(vf_config c, int how) {
+    c.workspace = how;
+    return c;
+}
+
 static vf_config with_window(vf_config c, int left, int right) {
     c.window_left = left;
     c.window_right = right;
@@ -197,6 +203,8 @@ static void cpu_cases(void) {
     c = shape(FA_F32, 2, 4, 2, 64, 96, 64);
     c.workspace = 1;
     add("workspace", c, F);
+    add("workspace", with_causal(c), F);
+    c.workspace = 2; /* a caller's workspace need not be aligned */
     add("workspace", with_causal(c), F);
 }
 
@@ -359,12 +367,12 @@ static void gpu_cases(void) {
     add("workspace", c, F);
     /* More tiles than an H100 or H200 has SMs (132): the tiles past the first wave come from the tile counter in
      * the scratch, whose stale contents (a pattern, cli/verify.c) must not decide which tiles run */
-    c = with_causal(shape(FA_BF16, 8, 16, 4, 448, 448, 64)); /* 384 tiles; each head's first one claimed last */
-    c.workspace = 1;
-    add("workspace", c, MUST | DET);
-    c = shape(FA_F16, 2, 16, 8, 1024, 1024, 128); /* 256 tiles */
-    c.workspace = 1;
-    add("workspace", c, MUST);
+    /* 384 tiles, each head's first one claimed last; 256 tiles */
+    add("workspace", with_workspace(with_causal(shape(FA_BF16, 8, 16, 4, 448, 448, 64)), 1), MUST | DET);
+    add("workspace", with_workspace(shape(FA_F16, 2, 16, 8, 1024, 1024, 128), 1), MUST);
+    /* a caller's workspace need not be aligned (the tile counter's tag is 64-bit; the backward's dQ is fp32) */
+    add("workspace", with_workspace(with_causal(shape(FA_BF16, 4, 16, 4, 448, 448, 64)), 2), F);
+    add("workspace", with_workspace(shape(FA_F16, 2, 4, 2, 256, 256, 128), 2), F);
     /* outside the CUDA scope: any answer but a wrong one is fine */
     add("f32", shape(FA_F32, 2, 4, 2, 100, 100, 64), BWD);
     add("hdim40", shape(FA_BF16, 2, 4, 2, 100, 100, 40), BWD);

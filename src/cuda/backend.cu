@@ -226,7 +226,17 @@ static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_
     return fa2_fwd_supported(p, dev);
 }
 
-/* Scratch for one call: the caller's (checked against need), or cudaMallocAsync'd on the stream. */
+/* A caller's workspace need not be aligned: the sizes the caller is told include this much slack, and the
+ * kernels get the workspace from its first 256-byte boundary on (the alignment cudaMalloc gives: enough for the
+ * 64-bit tile-counter tag, vector accesses and cuBLAS). */
+#define SCRATCH_ALIGN 256
+
+static size_t scratch_size(size_t need) {
+    return need > 0 ? need + SCRATCH_ALIGN : 0;
+}
+
+/* Scratch for one call: the caller's (checked against need plus the slack), or cudaMallocAsync'd on the
+ * stream. */
 typedef struct scratch {
     void *ptr;
     int   owned;
@@ -236,8 +246,10 @@ static fa_status scratch_get(const fa_exec *x, size_t need, cudaStream_t stream,
     s->ptr   = x->workspace;
     s->owned = 0;
     if (x->workspace) {
-        if (x->workspace_bytes < need)
-            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x->workspace_bytes, need);
+        if (x->workspace_bytes < scratch_size(need))
+            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x->workspace_bytes,
+                           scratch_size(need));
+        s->ptr = (void *)(((uintptr_t)x->workspace + SCRATCH_ALIGN - 1) & ~(uintptr_t)(SCRATCH_ALIGN - 1));
         return FA_OK;
     }
     if (need == 0) return FA_OK;
@@ -272,12 +284,12 @@ extern "C" fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x
     fa_status      st = device_get(x, &dev);
     if (st != FA_OK) return st;
     if (backward) {
-        if ((st = fa2_bwd_supported(p, &dev)) == FA_OK) *bytes = fa2_bwd_workspace_size(p, &dev);
+        if ((st = fa2_bwd_supported(p, &dev)) == FA_OK) *bytes = scratch_size(fa2_bwd_workspace_size(p, &dev));
         return st;
     }
     int fa3;
     if ((st = select_fwd(p, x, &dev, &fa3)) == FA_OK)
-        *bytes = fa3 ? fa3_fwd_workspace_size(p, &dev) : fa2_fwd_workspace_size(p, &dev);
+        *bytes = scratch_size(fa3 ? fa3_fwd_workspace_size(p, &dev) : fa2_fwd_workspace_size(p, &dev));
     return st;
 }
 
@@ -330,7 +342,8 @@ extern "C" fa_status fa_naive_check(const fa_params *p, const fa_exec *x, int ba
 extern "C" fa_status fa_naive_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {
     fa_cuda_device dev;
     fa_status      st = device_get(x, &dev);
-    if (st == FA_OK && (st = naive_supported(p, &dev, backward)) == FA_OK) *bytes = naive_workspace_size(p, &dev, backward);
+    if (st == FA_OK && (st = naive_supported(p, &dev, backward)) == FA_OK)
+        *bytes = scratch_size(naive_workspace_size(p, &dev, backward));
     return st;
 }
 
