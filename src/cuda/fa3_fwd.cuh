@@ -127,7 +127,8 @@ fa_status fa3_run_hdim256(const fa3_problem *pr, int bf16, int block_n, int sche
 fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, const uint64_t dims[5],
                          const uint64_t strides_bytes[4], const uint32_t box[5]);
 
-/* Where a consumer warp's tile finds its keys in global memory (a slot per warp, for fa3_mma_scores). */
+/* Where a tile's keys are in global memory, for S computed again (fa3_mma_scores): written by the producer
+ * beside the tile's geometry, in the same ring of four (see kSharedGeo in the kernel). */
 struct fa3_krows {
     const uint16_t *k; /* key 0 of the tile's sequence, (batch, kv head) */
     int len_k;
@@ -136,7 +137,7 @@ struct fa3_krows {
 
 template <int D, int BN, int NWG, int STAGES>
 struct fa3_cfg {
-    static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it with the tile index */
+    static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it (kSharedGeo) */
     static constexpr int kBlockM   = 64 * NWG;
     static constexpr int kThreads  = 128 * (NWG + 1);
     static constexpr int kQBytes   = 64 * D * 2; /* one consumer warpgroup's Q (and O) tile */
@@ -146,9 +147,8 @@ struct fa3_cfg {
     /* Barriers: Q full/empty per consumer warpgroup, K and V full/empty per stage, tile index full/empty x 2,
      * V ready per stage (varlen); then the two tile indices and the valid-row count of each V stage. */
     static constexpr int kBarHeadBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8;
-    /* then, with three consumer warpgroups, the two geometry slots and the consumer warps' fa3_krows */
-    static constexpr int kBarBytes =
-        kBarHeadBytes + (NWG == 3 ? 2 * kGeoBytes + 4 * NWG * (int)sizeof(fa3_krows) : 0);
+    /* then, with three consumer warpgroups, the rings of four tile geometries and four fa3_krows */
+    static constexpr int kBarBytes = kBarHeadBytes + (NWG == 3 ? 4 * kGeoBytes + 4 * (int)sizeof(fa3_krows) : 0);
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
@@ -158,7 +158,7 @@ struct fa3_cfg {
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
     static constexpr int kOffGeo = kOffBar + kBarHeadBytes;
-    static constexpr int kOffKrows = kOffGeo + 2 * kGeoBytes;
+    static constexpr int kOffKrows = kOffGeo + 4 * kGeoBytes;
     /* Register split: 24 + 2 x 240 or 40 + 2 x 232 = 3 x 168 (384 threads), 32 + 3 x 160 = 4 x 128 (512). With
      * two consumer warpgroups the producer gets 40 registers (its tile loop spills in 24) unless the consumers
      * need the full 240 (head dim 256). */
@@ -293,7 +293,11 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
  * rather than by a memset before the launch (one more operation on the stream; H200, head dim 64: +0.3-0.6%
  * under a causal mask up to 2k): CTA 0 zeroes it and then publishes the launch's tag beside it; every other CTA
  * sees the tag before its first claim. A CTA's first tile is blockIdx.x, so by then CTA 0 (the first to be
- * dispatched) has long passed its reset. */
+ * dispatched) has long passed its reset. That CTA 0 runs while others wait is the assumption of CUB's
+ * decoupled look-back: at most one CTA per SM, dispatched in index order. A reset by whichever CTA comes first
+ * (an atomic exchange per CTA before its first claim) needs none, but measured 0.3-1.3% slower up to 1k at head
+ * dims 64 and 128; one pointer for the counter and the tag (a struct) lost 0.8% at head dim 64 causal 1k
+ * through the consumers' register allocation. */
 static __device__ __forceinline__ void fa3_counter_reset(const fa3_args &a) {
 #if FA_SM90A
     asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
@@ -690,13 +694,11 @@ static __device__ __forceinline__ bool fa3_scores_stale(float (&s)[BN / 2], cons
     return !destroyed;
 }
 
-/* S of key block n computed again (fa3_mma_scores) from K in global memory, found through the warp's fa3_krows
- * slot (written at the tile's start). */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool QRS>
-static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t s_k,
+/* S of key block n computed again (fa3_mma_scores) from K in global memory, found through the tile's fa3_krows
+ * (at shared address `slot`). */
+template <int D, int BN, bool BF16, bool QRS>
+static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t slot,
                                                         const fa3_args &a, int n, int lane) {
-    typedef fa3_cfg<D, BN, NWG, STAGES> C;
-    const uint32_t slot = s_k - C::kOffK + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (threadIdx.x / 32 - 4);
     unsigned long long k;
     int len_k;
     asm volatile("ld.shared.u64 %0, [%1];" : "=l"(k) : "r"(slot) : "memory");
@@ -711,8 +713,8 @@ static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], cons
  * max (fa3_softmax_stale: each P at most 2^12). That takes three quarters of the max's FMNMX chains off the
  * path from the tile's first Q K^T to its first P V. Rows without a visible column among those, or a failed
  * check, take the full softmax (on S computed again where the check destroyed it). */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool QRS, bool GENERAL>
-static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t s_k,
+template <int D, int BN, bool BF16, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t krows,
                                                         float (&m)[2], float (&l)[2], const fa3_args &a,
                                                         const fa3_mask_info &mi, int n, int row0, int lane) {
     const int quad = lane % 4;
@@ -739,7 +741,7 @@ static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], cons
     if (!done) {
         /* S as computed again is raw; the intact S has had its softcap and mask (which must not be taken twice) */
         if (destroyed) {
-            fa3_scores_again<D, BN, NWG, STAGES, BF16, QRS>(s, q, s_k, a, n, lane);
+            fa3_scores_again<D, BN, BF16, QRS>(s, q, krows, a, n, lane);
             fa3_softcap_mask<BN, GENERAL, true>(s, a, mi, n, row0, quad);
         }
         m[0] = m[1] = -INFINITY;
@@ -788,6 +790,7 @@ static __device__ __forceinline__ void fa3_o_to_global(const float (&o)[D / 2], 
 struct fa3_ring {
     uint32_t s_k, s_v; /* stage 0 of K and of V */
     uint32_t k_full, k_empty, v_full, v_empty; /* v_full: where the consumers wait for V (full or ready) */
+    uint32_t krows; /* the tile's fa3_krows (three consumer warpgroups) */
 };
 
 /* Ping-pong: a consumer warpgroup waits for its turn to issue GEMMs, and passes the turn on after issuing.
@@ -874,7 +877,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
         if (!done) {
             /* The rare block the stale max does not cover (or a row without a max yet): the full softmax, after
              * P V(i - 1), so that P's registers are free for computing S again (the K stage is gone by now). */
-            if (destroyed) fa3_scores_again<D, BN, NWG, STAGES, BF16, QRS>(s, q, r.s_k, a, n_min + i, lane);
+            if (destroyed) fa3_scores_again<D, BN, BF16, QRS>(s, q, r.krows, a, n_min + i, lane);
             move = fa3_scores<BN, true, GENERAL, true>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
         }
     }
@@ -995,13 +998,17 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     const uint32_t bar_v_ready = bar_tile_empty + 16;
     volatile int *tile_ids = (volatile int *)(smem + (bar_v_ready + STAGES * 8 - s_q));
     volatile int *v_valid = tile_ids + 2; /* rows of each V stage inside the sequence; -1: no more blocks */
-    /* With three consumer warpgroups the producer publishes each tile's geometry with its index, so that the
-     * consumers start a tile without a fa3_tile_get of their own (it sat between their tiles: H200 +1-2% under a
-     * causal mask up to 2k). Keeping the slot until the epilogue's second look spilled in the hot loop. */
+    /* With three consumer warpgroups the producer publishes each tile's geometry (and its fa3_krows), so that the
+     * consumers take no fa3_tile_get of their own, neither at the tile's start (H200 +1-2% under a causal mask up
+     * to 2k) nor for its epilogue (with the krows from the producer, which every consumer warp's lane 0 wrote at
+     * the tile's start before: +2.2% at causal 512, +1.3% at 1k, +0.4-0.6% from 4k). The CTA's tile k goes into
+     * entry k % 4 of a ring: the producer writes it once every consumer thread has taken tile k - 2's index
+     * slot, that is, has finished tile k - 4, whose entry it overwrites. Kept in registers from the tile's start
+     * to its epilogue, the geometry spilled in the hot loop. */
     constexpr bool kSharedGeo = NWG == 3;
     static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
     fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
-    fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows); /* kSharedGeo kernels: one per consumer warp */
+    fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows); /* kSharedGeo kernels */
     const bool varlen = GENERAL && a.cu_q != nullptr;
     /* In a varlen batch the rows of a V block past its sequence belong to the next sequence or to the padding
      * after the last one, which may hold anything (NaN): 0 * NaN in P V would poison O. There the second
@@ -1051,8 +1058,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 bool valid = false;
                 if (kSharedGeo && tile < a.num_tiles) {
                     valid = fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-                    geo[slot] = g;
-                    if (!valid) geo[slot].nblocks = -1;
+                    geo[k & 3] = g;
+                    if (!valid) {
+                        geo[k & 3].nblocks = -1;
+                    } else {
+                        fa3_krows &kr = krows[k & 3];
+                        kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) +
+                               (int64_t)g.tok_k * a.k_stride_seq + (int64_t)fa3_div(a.div_group, g.h) * a.k_stride_head;
+                        kr.len_k = g.len_k;
+                    }
                 }
                 hp_mbar_arrive(bar_tile_full + 8 * slot);
                 if (tile >= a.num_tiles) break;
@@ -1160,7 +1174,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             if (tile >= a.num_tiles) break;
             fa3_tile g;
             if constexpr (kSharedGeo) {
-                g = geo[slot];
+                g = geo[k & 3];
                 hp_mbar_arrive(bar_tile_empty + 8 * slot);
                 if (g.nblocks < 0) continue;
             } else if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
@@ -1172,7 +1186,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
              * arithmetic as without it (with the shift in row0 ptxas scheduled the unmasked steps worse). */
             const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4;
             const int nb = g.nblocks, n_min = g.n_min;
-            const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty};
+            const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty,
+                                s_q + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (k & 3)};
             if constexpr (kSkipIdle) {
                 if (!fa3_wg_has_rows(g, c)) {
                     if (nb > 0) {
@@ -1192,18 +1207,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
             mi.len_k = g.len_k;
             mi.off = g.len_k - g.len_q - g.shift;
-            if constexpr (kSharedGeo) {
-                if (lane == 0) {
-                    /* the KV head by multiply-high: a divide's reciprocal would queue on the MUFU pipe behind the
-                     * other warpgroups' exponentials, on this warpgroup's way into the tile */
-                    const int hk = fa3_div(a.div_group, g.h);
-                    fa3_krows &kr = krows[4 * c + warp];
-                    kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) +
-                           (int64_t)g.tok_k * a.k_stride_seq + (int64_t)hk * a.k_stride_head;
-                    kr.len_k = g.len_k;
-                }
-                __syncwarp();
-            }
 
             float o[D / 2];
 #pragma unroll
@@ -1249,7 +1252,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     FA3_EV(FA3_EV_QK_DONE, 0);
                     fa3_release(bar_k_empty + 8 * st0, lane);
                     if constexpr (NWG == 3)
-                        fa3_first_scores<D, BN, NWG, STAGES, BF16, QRS, GENERAL>(s, q, s_k, m, l, a, mi, n_min, row0,
+                        fa3_first_scores<D, BN, BF16, QRS, GENERAL>(s, q, r.krows, m, l, a, mi, n_min, row0,
                                                                                  lane);
                     else
                         fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, quad);
@@ -1309,8 +1312,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 }
             }
 
-            /* The geometry again rather than kept in registers through the loop. */
-            fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+            /* The geometry again (from the ring) rather than kept in registers through the loop. */
+            if constexpr (kSharedGeo) g = geo[k & 3];
+            else fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
 
             FA3_EV(FA3_EV_EPI, tile);
             /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */

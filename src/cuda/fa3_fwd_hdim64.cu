@@ -1,8 +1,8 @@
 /*
  * fa3_fwd_hdim64.cu - FA3 forward instantiations for head dim 64: 192-row tiles with three consumer warpgroups
  * (overlap + ping-pong) and 128-key blocks, in a kernel for dense batches without softcap and left window edges
- * (spills 32 / 40 B instead of 152 / 208; H200: +4-9% under a causal mask up to 2k, +3-4% without one up to 1k)
- * and one with them; 96-key blocks (which do not spill at 160 registers) to measure
+ * (spills 76 / 288 B instead of 144 / 368; H200 when it came: +4-9% under a causal mask up to 2k, +3-4% without
+ * one up to 1k) and one with them; 96-key blocks (which do not spill at 160 registers) to measure
  * against; or 128 x 128 tiles with two (overlap only, Q K^T with Q from registers; short problems). For
  * bf16 also the 128 x 128 schedules to measure against: Q from shared memory (FLASHATTN_FA3_SCHEDULE = overlap)
  * and that with ping-pong (full).
