@@ -295,7 +295,7 @@ static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile,
  * sees the tag before its first claim. A CTA's first tile is blockIdx.x, so by then CTA 0 (the first to be
  * dispatched) has long passed its reset. That CTA 0 runs while others wait is the assumption of CUB's
  * decoupled look-back: at most one CTA per SM, dispatched in index order. A reset by whichever CTA comes first
- * (an atomic exchange per CTA before its first claim) needs none, but measured 0.3-1.3% slower up to 1k at head
+ * (an atomic exchange per CTA before its first claim) needs none, but measured 0.2-1.3% slower up to 1k at head
  * dims 64 and 128; one pointer for the counter and the tag (a struct) lost 0.8% at head dim 64 causal 1k
  * through the consumers' register allocation. */
 static __device__ __forceinline__ void fa3_counter_reset(const fa3_args &a) {
