@@ -200,12 +200,10 @@ static void cpu_cases(void) {
     c = with_layout(with_varlen(shape(FA_F32, 5, 4, 2, 50, 70, 32), 5), VF_LAYOUT_PADDED);
     add("nan-padding", c, F | NANPAD);
     add("nan-padding", with_causal(with_layout(shape(FA_BF16, 2, 2, 2, 40, 40, 64), VF_LAYOUT_PADDED)), F | NANPAD);
-    c = shape(FA_F32, 2, 4, 2, 64, 96, 64);
-    c.workspace = 1;
+    c = with_workspace(shape(FA_F32, 2, 4, 2, 64, 96, 64), 1);
     add("workspace", c, F);
     add("workspace", with_causal(c), F);
-    c.workspace = 2; /* a caller's workspace need not be aligned */
-    add("workspace", with_causal(c), F);
+    add("workspace", with_workspace(with_causal(c), 2), F); /* a caller's workspace need not be aligned */
 }
 
 /* ---- the GPU suite: f16/bf16 over the CUDA head dims ---- */
@@ -359,15 +357,12 @@ static void gpu_cases(void) {
     c.softcap = 5.0f;
     add("tiles", c, MUST);
     add("tiles", with_causal(c), MUST);
-    c = shape(FA_BF16, 2, 4, 2, 256, 256, 128);
-    c.workspace = 1;
-    add("workspace", c, F);
-    c = with_causal(shape(FA_BF16, 2, 4, 2, 700, 700, 64)); /* the dynamic tile order of the 192-row kernel */
-    c.workspace = 1;
-    add("workspace", c, F);
+    add("workspace", with_workspace(shape(FA_BF16, 2, 4, 2, 256, 256, 128), 1), F);
+    /* the dynamic tile order of the 192-row kernel */
+    add("workspace", with_workspace(with_causal(shape(FA_BF16, 2, 4, 2, 700, 700, 64)), 1), F);
     /* More tiles than an H100 or H200 has SMs (132): the tiles past the first wave come from the tile counter in
-     * the scratch, whose stale contents (a pattern, cli/verify.c) must not decide which tiles run */
-    /* 384 tiles, each head's first one claimed last; 256 tiles */
+     * the scratch, whose stale contents (a pattern, cli/verify.c) must not decide which tiles run. 384 tiles,
+     * each head's first one claimed last; 256 tiles. */
     add("workspace", with_workspace(with_causal(shape(FA_BF16, 8, 16, 4, 448, 448, 64)), 1), MUST | DET);
     add("workspace", with_workspace(shape(FA_F16, 2, 16, 8, 1024, 1024, 128), 1), MUST);
     /* a caller's workspace need not be aligned (the tile counter's tag is 64-bit; the backward's dQ is fp32) */

@@ -138,6 +138,8 @@ struct fa3_krows {
 template <int D, int BN, int NWG, int STAGES>
 struct fa3_cfg {
     static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it (kSharedGeo) */
+    static constexpr int kTileRing = 4;  /* entries of the rings of published tiles: tile k in entry k % 4 */
+    static_assert((kTileRing & (kTileRing - 1)) == 0, "the ring is indexed by a mask");
     static constexpr int kBlockM   = 64 * NWG;
     static constexpr int kThreads  = 128 * (NWG + 1);
     static constexpr int kQBytes   = 64 * D * 2; /* one consumer warpgroup's Q (and O) tile */
@@ -147,8 +149,9 @@ struct fa3_cfg {
     /* Barriers: Q full/empty per consumer warpgroup, K and V full/empty per stage, tile index full/empty x 2,
      * V ready per stage (varlen); then the two tile indices and the valid-row count of each V stage. */
     static constexpr int kBarHeadBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8;
-    /* then, with three consumer warpgroups, the rings of four tile geometries and four fa3_krows */
-    static constexpr int kBarBytes = kBarHeadBytes + (NWG == 3 ? 4 * kGeoBytes + 4 * (int)sizeof(fa3_krows) : 0);
+    /* then, with three consumer warpgroups, the rings of tile geometries and of fa3_krows */
+    static constexpr int kBarBytes =
+        kBarHeadBytes + (NWG == 3 ? kTileRing * (kGeoBytes + (int)sizeof(fa3_krows)) : 0);
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
@@ -158,7 +161,7 @@ struct fa3_cfg {
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
     static constexpr int kOffGeo = kOffBar + kBarHeadBytes;
-    static constexpr int kOffKrows = kOffGeo + 4 * kGeoBytes;
+    static constexpr int kOffKrows = kOffGeo + kTileRing * kGeoBytes;
     /* Register split: 24 + 2 x 240 or 40 + 2 x 232 = 3 x 168 (384 threads), 32 + 3 x 160 = 4 x 128 (512). With
      * two consumer warpgroups the producer gets 40 registers (its tile loop spills in 24) unless the consumers
      * need the full 240 (head dim 256). */
@@ -695,14 +698,14 @@ static __device__ __forceinline__ bool fa3_scores_stale(float (&s)[BN / 2], cons
 }
 
 /* S of key block n computed again (fa3_mma_scores) from K in global memory, found through the tile's fa3_krows
- * (at shared address `slot`). */
+ * (at shared address `krows`). */
 template <int D, int BN, bool BF16, bool QRS>
-static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t slot,
+static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t krows,
                                                         const fa3_args &a, int n, int lane) {
     unsigned long long k;
     int len_k;
-    asm volatile("ld.shared.u64 %0, [%1];" : "=l"(k) : "r"(slot) : "memory");
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(len_k) : "r"(slot + 8) : "memory");
+    asm volatile("ld.shared.u64 %0, [%1];" : "=l"(k) : "r"(krows) : "memory");
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(len_k) : "r"(krows + 8) : "memory");
     const int key0 = n * BN;
     fa3_mma_scores<D, BN, BF16, QRS>(s, q, (const uint16_t *)k + key0 * a.k_stride_seq, a.k_stride_seq,
                                      min(BN, len_k - key0), lane);
@@ -1058,11 +1061,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 bool valid = false;
                 if (kSharedGeo && tile < a.num_tiles) {
                     valid = fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-                    geo[k & 3] = g;
+                    geo[k & (C::kTileRing - 1)] = g;
                     if (!valid) {
-                        geo[k & 3].nblocks = -1;
+                        geo[k & (C::kTileRing - 1)].nblocks = -1;
                     } else {
-                        fa3_krows &kr = krows[k & 3];
+                        fa3_krows &kr = krows[k & (C::kTileRing - 1)];
                         kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) +
                                (int64_t)g.tok_k * a.k_stride_seq + (int64_t)fa3_div(a.div_group, g.h) * a.k_stride_head;
                         kr.len_k = g.len_k;
@@ -1162,11 +1165,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             FA3_EV(FA3_EV_SLOT_WAIT, 0);
             hp_mbar_wait(bar_tile_full + 8 * slot, (k >> 1) & 1);
             FA3_EV(FA3_EV_SLOT, 0);
-            /* Lane 0 reads the slot and releases it, so that the read is ordered before the release in one
-             * thread; the warp gets the index by shuffle. With the geometry in the slot (kSharedGeo) every lane
-             * reads it and every lane releases it (a warp sync and then lane 0's release order the reads as well,
-             * but racecheck does not follow that and reported the producer's next write as a race). (One release
-             * after the geometry read for both cases measured 1-1.5% slower up to 2k.) */
+            /* Lane 0 reads the index slot and releases it, so that the read is ordered before the release in one
+             * thread; the warp gets the index by shuffle. With the geometry published (kSharedGeo) every lane
+             * reads its ring entry and then releases the slot, which is what lets the producer reuse the entry
+             * two tiles later (a warp sync and then lane 0's release order the reads as well, but racecheck does
+             * not follow that and reported the producer's next write as a race). (One release after the geometry
+             * read for both cases measured 1-1.5% slower up to 2k.) */
             const int tile = __shfl_sync(0xffffffffu, lane == 0 ? tile_ids[slot] : 0, 0);
             if (!kSharedGeo) fa3_release(bar_tile_empty + 8 * slot, lane);
             else if (tile >= a.num_tiles) hp_mbar_arrive(bar_tile_empty + 8 * slot);
@@ -1174,7 +1178,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             if (tile >= a.num_tiles) break;
             fa3_tile g;
             if constexpr (kSharedGeo) {
-                g = geo[k & 3];
+                g = geo[k & (C::kTileRing - 1)];
                 hp_mbar_arrive(bar_tile_empty + 8 * slot);
                 if (g.nblocks < 0) continue;
             } else if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
@@ -1187,7 +1191,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4;
             const int nb = g.nblocks, n_min = g.n_min;
             const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty,
-                                s_q + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (k & 3)};
+                                s_q + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (k & (C::kTileRing - 1))};
             if constexpr (kSkipIdle) {
                 if (!fa3_wg_has_rows(g, c)) {
                     if (nb > 0) {
@@ -1313,7 +1317,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             }
 
             /* The geometry again (from the ring) rather than kept in registers through the loop. */
-            if constexpr (kSharedGeo) g = geo[k & 3];
+            if constexpr (kSharedGeo) g = geo[k & (C::kTileRing - 1)];
             else fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
 
             FA3_EV(FA3_EV_EPI, tile);
