@@ -385,20 +385,25 @@ fa_status fa_check(const fa_params *p, const fa_exec *exec, int backward) {
     return prepare(p, exec, backward, &r, &x);
 }
 
+/* The workspace a prepared call needs (the sizes include any alignment slack a backend asks for). */
+static fa_status workspace_need(const fa_params *r, const fa_exec *x, int backward, size_t *bytes) {
+    switch (x->backend) {
+    case FA_BACKEND_CPU: *bytes = fa_cpu_workspace_size(r, x->num_threads, backward); return FA_OK;
+#ifdef FA_WITH_CUDA
+    case FA_BACKEND_CUDA: return fa_cuda_workspace_size(r, x, backward, bytes);
+    case FA_BACKEND_NAIVE: return fa_naive_workspace_size(r, x, backward, bytes);
+#endif
+    default: *bytes = 0; return FA_OK; /* the reference allocates its own fp64 copies */
+    }
+}
+
 fa_status fa_workspace_size(const fa_params *p, const fa_exec *exec, int backward, size_t *bytes) {
     fa_params r;
     fa_exec   x;
     if (!bytes) return fa_fail(FA_ERR_INVALID_ARGUMENT, "bytes is NULL");
     fa_status st = prepare(p, exec, backward, &r, &x);
     if (st != FA_OK) return st;
-    switch (x.backend) {
-    case FA_BACKEND_CPU: *bytes = fa_cpu_workspace_size(&r, x.num_threads, backward); return FA_OK;
-#ifdef FA_WITH_CUDA
-    case FA_BACKEND_CUDA: return fa_cuda_workspace_size(&r, &x, backward, bytes);
-    case FA_BACKEND_NAIVE: return fa_naive_workspace_size(&r, &x, backward, bytes);
-#endif
-    default: *bytes = 0; return FA_OK; /* the reference allocates its own fp64 copies */
-    }
+    return workspace_need(&r, &x, backward, bytes);
 }
 
 static fa_status run(const fa_params *p, const fa_exec *exec, int backward) {
@@ -408,7 +413,7 @@ static fa_status run(const fa_params *p, const fa_exec *exec, int backward) {
     if (st != FA_OK) return st;
     if (x.workspace) {
         size_t need = 0;
-        if ((st = fa_workspace_size(p, exec, backward, &need)) != FA_OK) return st;
+        if ((st = workspace_need(&r, &x, backward, &need)) != FA_OK) return st;
         if (x.workspace_bytes < need)
             return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x.workspace_bytes, need);
     }

@@ -23,12 +23,17 @@ extern "C" fa_status fa_cuda_status(cudaError_t err, const char *what) {
  * Devices and pointers
  * ------------------------------------------------------------------------------------------------------- */
 
+/* The count cannot change within a process (CUDA_VISIBLE_DEVICES is read once, at initialisation), so a
+ * successful answer is kept: every call asks for it. */
 extern "C" int fa_cuda_device_count(void) {
-    int n = 0;
+    static int known = -1;
+    int        n     = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (n >= 0) return n;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
+    __atomic_store_n(&known, n, __ATOMIC_RELAXED);
     return n;
 }
 
@@ -67,17 +72,15 @@ extern "C" const char *fa_cuda_build_info(void) {
 #endif
 }
 
-/* The device a call runs on: exec.device, or the calling thread's current device for -1. */
-static fa_status device_get(const fa_exec *x, fa_cuda_device *dev) {
-    int ordinal = x->device;
-    if (ordinal < 0) {
-        fa_status st = fa_cuda_status(cudaGetDevice(&ordinal), "cudaGetDevice");
-        if (st != FA_OK) return st;
-    } else {
-        const int n = fa_cuda_device_count();
-        if (ordinal >= n)
-            return fa_fail(FA_ERR_NO_DEVICE, "exec.device (%d) does not exist (%d device%s present)", ordinal, n,
-                           n == 1 ? "" : "s");
+/* A device's attributes, read once per device and process: every call needs them, and the driver's answers
+ * do not change. Two threads that both miss compute the same values. */
+static fa_status device_attributes(int ordinal, fa_cuda_device *dev) {
+    enum { CACHED = 64 };
+    static fa_cuda_device cache[CACHED];
+    static int            ready[CACHED];
+    if (ordinal < CACHED && __atomic_load_n(&ready[ordinal], __ATOMIC_ACQUIRE)) {
+        *dev = cache[ordinal];
+        return FA_OK;
     }
     int       smem = 0, smem_sm = 0, smem_reserved = 0;
     fa_status st;
@@ -98,7 +101,26 @@ static fa_status device_get(const fa_exec *x, fa_cuda_device *dev) {
     dev->smem_optin    = (size_t)smem;
     dev->smem_per_sm   = (size_t)smem_sm;
     dev->smem_reserved = (size_t)smem_reserved;
+    if (ordinal < CACHED) {
+        cache[ordinal] = *dev;
+        __atomic_store_n(&ready[ordinal], 1, __ATOMIC_RELEASE);
+    }
     return FA_OK;
+}
+
+/* The device a call runs on: exec.device, or the calling thread's current device for -1. */
+static fa_status device_get(const fa_exec *x, fa_cuda_device *dev) {
+    int ordinal = x->device;
+    if (ordinal < 0) {
+        fa_status st = fa_cuda_status(cudaGetDevice(&ordinal), "cudaGetDevice");
+        if (st != FA_OK) return st;
+    } else {
+        const int n = fa_cuda_device_count();
+        if (ordinal >= n)
+            return fa_fail(FA_ERR_NO_DEVICE, "exec.device (%d) does not exist (%d device%s present)", ordinal, n,
+                           n == 1 ? "" : "s");
+    }
+    return device_attributes(ordinal, dev);
 }
 
 /* Makes dev the current device for the duration of a call; *prev is what to restore (-1: nothing). */
@@ -194,14 +216,27 @@ static fa_status check_cuda_rules(const fa_params *p, int backward) {
  * Kernel selection and workspace
  * ------------------------------------------------------------------------------------------------------- */
 
+/* FLASHATTN_KERNEL, read at the first call (NULL when unset or empty): the environment of a process is set
+ * before it starts calling, and a getenv per call is measurable host time. */
+static const char *kernel_env(void) {
+    static const char *value;
+    static int         read;
+    if (!__atomic_load_n(&read, __ATOMIC_ACQUIRE)) {
+        const char *env = getenv("FLASHATTN_KERNEL");
+        value           = env && *env ? env : NULL;
+        __atomic_store_n(&read, 1, __ATOMIC_RELEASE);
+    }
+    return value;
+}
+
 /* FA3 when asked for (exec.kernel, or FLASHATTN_KERNEL=fa3 under AUTO), or under AUTO on compute capability 9.0
  * when it takes the problem; FA2 otherwise. *fa3 says which. */
 static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev, int *fa3) {
     fa_kernel k = x->kernel;
     *fa3        = 0;
     if (k == FA_KERNEL_AUTO) {
-        const char *env = getenv("FLASHATTN_KERNEL");
-        if (env && *env) {
+        const char *env = kernel_env();
+        if (env) {
             if (!strcmp(env, "fa2")) k = FA_KERNEL_FA2;
             else if (!strcmp(env, "fa3")) k = FA_KERNEL_FA3;
             else return fa_fail(FA_ERR_INVALID_ARGUMENT, "FLASHATTN_KERNEL=%s is not fa2 or fa3", env);

@@ -131,10 +131,7 @@ static int env_schedule(void) {
  * faster without one. FLASHATTN_FA3_BLOCK_N = 96 | 128 overrides it for those tiles. */
 static int choose_block_n(const fa_params *p, int block_m) {
     if (p->head_dim == 256) return 80;
-    if (p->head_dim == 64 && block_m == 192) {
-        const char *env = getenv("FLASHATTN_FA3_BLOCK_N");
-        if (env != NULL && (atoi(env) == 96 || atoi(env) == 128)) return atoi(env);
-    }
+    if (p->head_dim == 64 && block_m == 192 && fa3_knobs_get()->block_n) return fa3_knobs_get()->block_n;
     return 128;
 }
 
@@ -147,13 +144,12 @@ static int choose_block_n(const fa_params *p, int block_m) {
  * longest first is as fast or faster (2k 0-6.5%, 4k 2.5-9%). FLASHATTN_FA3_ORDER = longest: longest first there
  * too. */
 static int longest_first_section(const fa_params *p, int right_bounded) {
-    const char *env = getenv("FLASHATTN_FA3_ORDER");
-    if (!right_bounded || (env != NULL && strcmp(env, "head") == 0)) return 0;
-    if (p->seqlen_q <= 1024 && !(env != NULL && strcmp(env, "longest") == 0)) return 0;
+    const int order = fa3_knobs_get()->order;
+    if (!right_bounded || order == 1) return 0;
+    if (p->seqlen_q <= 1024 && order != 2) return 0;
     const int64_t pairs = (int64_t)p->heads_q * p->batch;
     const int64_t kv_bytes = (int64_t)p->seqlen_k * p->head_dim * 4 / (p->heads_q / p->heads_kv); /* per query head */
-    const char *mb = getenv("FLASHATTN_FA3_SECTION_MB");
-    const int budget_mb = mb != NULL ? atoi(mb) : 0;
+    const int budget_mb = fa3_knobs_get()->section_mb;
     int64_t n = ((int64_t)(budget_mb > 0 ? budget_mb : 32) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
     if (n < 1) n = 1;
     if (n > pairs) n = pairs;
@@ -181,7 +177,7 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     if (st != FA_OK) return st;
 
     const int window_right = p->causal ? 0 : p->window_right;
-    const int schedule = env_schedule();
+    const int schedule = fa3_knobs_get()->schedule;
     const int block_m = fa3_block_m(p);
     const int block_n = choose_block_n(p, block_m);
 
@@ -196,8 +192,7 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->reverse_m = window_right >= 0;
     /* 192-row tiles under a right-bounded mask end at the last query, so that a partial tile is the first,
      * shortest one (FLASHATTN_FA3_ALIGN = start: the partial tile last, as without a mask). */
-    const char *align = getenv("FLASHATTN_FA3_ALIGN");
-    a->align_end = block_m == 192 && a->reverse_m && !(align != NULL && strcmp(align, "start") == 0);
+    a->align_end = block_m == 192 && a->reverse_m && !fa3_knobs_get()->align_start;
     a->section = longest_first_section(p, a->reverse_m);
     a->cu_q = p->cu_seqlens_q;
     a->cu_k = p->cu_seqlens_k;
@@ -211,8 +206,7 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     }
     /* P may reach 2^8 before the max is moved (see fa3_softmax); FLASHATTN_FA3_LAZY = 0 moves it on any growth
      * (where the full softmax runs: the three-warpgroup kernels take most blocks against the stale max). */
-    const char *lazy = getenv("FLASHATTN_FA3_LAZY");
-    a->max_slack = lazy != NULL && strcmp(lazy, "0") == 0 ? 0.0f : 8.0f / a->scale_log2;
+    a->max_slack = fa3_knobs_get()->eager_max ? 0.0f : 8.0f / a->scale_log2;
     a->window_left = p->window_left;
     a->window_right = window_right;
     a->lse = p->lse;
@@ -247,11 +241,10 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     /* The persistent grid everywhere: head dim 256 under a causal mask also ran one CTA per tile (the hardware
      * schedules; O is staged in the Q tiles there, so a persistent CTA's next Q cannot land before its epilogue
      * is done), but by the library's benchmark the persistent grid is 1-7% faster there too. */
-    const char *sched = getenv("FLASHATTN_FA3_SCHEDULER");
-    const int one_cta_per_tile = sched != NULL && strcmp(sched, "grid") == 0;
-    if (one_cta_per_tile) {
+    const int scheduler = fa3_knobs_get()->scheduler;
+    if (scheduler == 2) {
         pr.grid = a->num_tiles; /* one CTA per tile, in tile order: the hardware schedules */
-    } else if (workspace != NULL && !(sched != NULL && strcmp(sched, "static") == 0)) {
+    } else if (workspace != NULL && scheduler != 1) {
         a->counter_tag = (unsigned long long *)workspace;
         a->tile_counter = (int *)((char *)workspace + sizeof(unsigned long long));
         a->launch_tag = next_launch_tag();

@@ -117,6 +117,20 @@ enum {
     FA3_SCHEDULE_QREG     = 4  /* Q K^T with Q from registers (the default where the head dim has it) */
 };
 
+/* The developer knobs of fa3_fwd.cu's header comment, read from the environment once per process (a getenv
+ * per call is measurable host time); 0 = the library's choice. */
+struct fa3_knobs {
+    int schedule;    /* FLASHATTN_FA3_SCHEDULE: FA3_SCHEDULE_* */
+    int block_m;     /* FLASHATTN_FA3_BLOCK_M: 128 | 192 */
+    int block_n;     /* FLASHATTN_FA3_BLOCK_N: 96 | 128 */
+    int order;       /* FLASHATTN_FA3_ORDER: 1 head, 2 longest */
+    int section_mb;  /* FLASHATTN_FA3_SECTION_MB */
+    int align_start; /* FLASHATTN_FA3_ALIGN = start */
+    int eager_max;   /* FLASHATTN_FA3_LAZY = 0 */
+    int scheduler;   /* FLASHATTN_FA3_SCHEDULER: 1 static, 2 grid */
+};
+const fa3_knobs *fa3_knobs_get(void);
+
 /* Per head dim launchers (fa3_fwd_hdim*.cu): the tile shape (block_m and block_n for head dim 64, block_n
  * otherwise) and the schedule (FA3_SCHEDULE_*) pick the instantiation. */
 fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block_n, int schedule, cudaStream_t stream);
@@ -1458,8 +1472,7 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
  * FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
 static inline int fa3_block_m(const fa_params *p) {
     if (p->head_dim != 64) return 128;
-    const char *env = getenv("FLASHATTN_FA3_BLOCK_M");
-    if (env != NULL && (atoi(env) == 128 || atoi(env) == 192)) return atoi(env);
+    if (fa3_knobs_get()->block_m) return fa3_knobs_get()->block_m;
     const int right_bounded = p->causal || p->window_right >= 0;
     return p->seqlen_q > (right_bounded ? 256 : 128) ? 192 : 128;
 }
