@@ -110,18 +110,49 @@ static unsigned long long next_launch_tag(void) {
         unsigned long long zero = 0;
         __atomic_compare_exchange_n(&salt, &zero, s, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
-    return mix64(__atomic_load_n(&salt, __ATOMIC_ACQUIRE) + __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED));
+    /* never 0: that is the retired tag (fa3_counter_retire) */
+    return mix64(__atomic_load_n(&salt, __ATOMIC_ACQUIRE) + __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED)) | 1;
 }
 
-static int env_schedule(void) {
-    const char *s = getenv("FLASHATTN_FA3_SCHEDULE");
-    if (s == NULL) return FA3_SCHEDULE_DEFAULT;
-    if (strcmp(s, "full") == 0) return FA3_SCHEDULE_FULL;
-    if (strcmp(s, "pingpong") == 0) return FA3_SCHEDULE_PINGPONG;
-    if (strcmp(s, "overlap") == 0) return FA3_SCHEDULE_OVERLAP;
-    if (strcmp(s, "plain") == 0) return FA3_SCHEDULE_PLAIN;
-    if (strcmp(s, "qreg") == 0) return FA3_SCHEDULE_QREG;
-    return FA3_SCHEDULE_DEFAULT;
+static int env_is(const char *name, const char *value) {
+    const char *s = getenv(name);
+    return s != NULL && strcmp(s, value) == 0;
+}
+
+static int env_choice(const char *name, int a, int b) {
+    const char *s = getenv(name);
+    const int v = s != NULL ? atoi(s) : 0;
+    return v == a || v == b ? v : 0;
+}
+
+static fa3_knobs knobs_read(void) {
+    fa3_knobs k;
+    memset(&k, 0, sizeof k);
+    k.schedule = FA3_SCHEDULE_DEFAULT;
+    static const struct {
+        const char *name;
+        int schedule;
+    } schedules[] = {{"full", FA3_SCHEDULE_FULL},
+                     {"pingpong", FA3_SCHEDULE_PINGPONG},
+                     {"overlap", FA3_SCHEDULE_OVERLAP},
+                     {"plain", FA3_SCHEDULE_PLAIN},
+                     {"qreg", FA3_SCHEDULE_QREG}};
+    for (size_t i = 0; i < sizeof schedules / sizeof schedules[0]; i++)
+        if (env_is("FLASHATTN_FA3_SCHEDULE", schedules[i].name)) k.schedule = schedules[i].schedule;
+    k.block_m = env_choice("FLASHATTN_FA3_BLOCK_M", 128, 192);
+    k.block_n = env_choice("FLASHATTN_FA3_BLOCK_N", 96, 128);
+    k.order = env_is("FLASHATTN_FA3_ORDER", "head") ? 1 : env_is("FLASHATTN_FA3_ORDER", "longest") ? 2 : 0;
+    const char *mb = getenv("FLASHATTN_FA3_SECTION_MB");
+    k.section_mb = mb != NULL && atoi(mb) > 0 ? atoi(mb) : 0;
+    k.align_start = env_is("FLASHATTN_FA3_ALIGN", "start");
+    k.eager_max = env_is("FLASHATTN_FA3_LAZY", "0");
+    k.scheduler = env_is("FLASHATTN_FA3_SCHEDULER", "static") ? 1 : env_is("FLASHATTN_FA3_SCHEDULER", "grid") ? 2 : 0;
+    return k;
+}
+
+const fa3_knobs *fa3_knobs_get(void) {
+    static const fa3_knobs knobs = knobs_read(); /* initialised once, thread-safely (C++ static) */
+    return &knobs;
 }
 
 /* Key-block width: 128 for head dims 64 and 128 (176 measured slower: the wider S spills), 80 for 256 (two

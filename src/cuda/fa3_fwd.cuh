@@ -322,6 +322,17 @@ static __device__ __forceinline__ void fa3_counter_reset(const fa3_args &a) {
 #endif
 }
 
+/* Every CTA claims until a claim fails, so a launch makes exactly num_tiles claims. The one that returns
+ * num_tiles - 1 is the launch's last access to the counter: it zeroes the counter and the tag. A CUDA graph
+ * replays a launch with the same tag on the same workspace; without this, the next replay's CTAs would see
+ * the tag already published and could claim from the old count before CTA 0 resets it. */
+static __device__ __forceinline__ void fa3_counter_retire(const fa3_args &a) {
+#if FA_SM90A
+    asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
+    asm volatile("st.relaxed.gpu.global.b64 [%0], 0;" ::"l"(a.counter_tag) : "memory");
+#endif
+}
+
 static __device__ __forceinline__ void fa3_counter_wait(const fa3_args &a) {
 #if FA_SM90A
     unsigned long long tag;
@@ -1132,7 +1143,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                  * (measured 1-3% faster at head dim 128). */
                 if (a.tile_counter != nullptr) {
                     if (k == 0) fa3_counter_wait(a);
-                    claim = (int)gridDim.x + atomicAdd(a.tile_counter, 1);
+                    const int n = atomicAdd(a.tile_counter, 1);
+                    if (n == a.num_tiles - 1) fa3_counter_retire(a);
+                    claim = (int)gridDim.x + n;
                 } else {
                     claim += (int)gridDim.x;
                 }
