@@ -7,6 +7,7 @@ current stream, CPU tensors on the CPU backend. Workspace comes from PyTorch's a
 """
 
 import ctypes
+import threading
 from typing import Optional, Tuple
 
 import torch
@@ -327,22 +328,283 @@ _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 _varlen_fwd_op.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
 
 
+# ---- the eager path ----
+# A call's host time is what a decoding step or a short sequence waits for. Outside torch.compile's tracing and
+# on plain tensors, the public functions skip the custom-op dispatch: the first call of a signature (shapes,
+# strides, dtypes, devices, options) runs the custom ops' checks and keeps a prepared call, an fa_params and
+# fa_exec filled for it; later calls of the signature fill in only the data pointers, the stream and the
+# workspace, and call the library, which validates every call as always. Autograd goes through a
+# torch.autograd.Function whose backward is prepared the same way. torch.compile, opcheck, tensor subclasses
+# and the inputs a prepared call leaves out (padded head dims, empty problems, unaligned data) take the custom
+# ops.
+
+_PREPARED_MAX = 256  # per thread; emptied when full (a model has a handful of attention signatures)
+_prepared = threading.local()  # per thread, so that no two threads fill one parameter block at once
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what PyTorch's generated code calls
+
+
+def _current_stream(index):
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def _by_address(name):
+    """A second handle on fa_fwd / fa_bwd taking the parameter block and the exec by address: the declared
+    prototypes' byref conversions cost more than the call itself."""
+    fn = _lib.lib[name]
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+_fa_fwd = _by_address("fa_fwd")
+_fa_bwd = _by_address("fa_bwd")
+
+
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+class _Prepared:
+    """One call signature's filled fa_params and fa_exec, views of the fa_tensor fields each call fills, and
+    what its outputs look like. `sizes`, `options` and `lse_shape` are what the custom ops' helpers take."""
+
+    __slots__ = ("params", "exe", "params_addr", "exe_addr", "views", "cuda", "device", "device_index",
+                 "workspace_bytes", "sizes", "options", "lse_shape", "rows", "varlen", "backward")
+
+    def __init__(self, params, fields, device, sizes, options, lse_shape, rows, varlen):
+        self.params = params
+        self.exe = _lib.Exec()
+        self.cuda = device.type == "cuda"
+        self.device = device
+        if self.cuda:
+            self.exe.backend = _lib.FA_BACKEND_CUDA
+            self.device_index = device.index if device.index is not None else torch.cuda.current_device()
+            self.exe.device = self.device_index
+        else:
+            self.exe.backend = _lib.FA_BACKEND_CPU
+            self.exe.device = -1
+        self.params_addr, self.exe_addr = ctypes.addressof(params), ctypes.addressof(self.exe)
+        self.views = tuple(getattr(params, f) for f in fields)  # share params' memory
+        self.workspace_bytes = None  # asked of the library at the first call, which has real pointers
+        self.sizes, self.options, self.lse_shape, self.rows, self.varlen = sizes, options, lse_shape, rows, varlen
+        self.backward = {}  # dout strides -> _Prepared backward
+
+    def run(self, entry, name, alibi_slopes, cu_q, cu_k):
+        """Runs the library on the pointers already in the views; alibi and cu_seqlens are set here."""
+        p, exe = self.params, self.exe
+        if alibi_slopes is not None:
+            p.alibi_slopes = alibi_slopes.data_ptr()
+        if cu_q is not None:
+            p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+        workspace = None
+        if self.cuda:
+            exe.stream = _current_stream(self.device_index)
+            if self.workspace_bytes is None:
+                exe.workspace, exe.workspace_bytes = None, 0
+                self.workspace_bytes = _lib.workspace_size(p, exe, entry is _fa_bwd)
+            if self.workspace_bytes:
+                workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device)
+                exe.workspace, exe.workspace_bytes = workspace.data_ptr(), self.workspace_bytes
+        else:
+            exe.num_threads = torch.get_num_threads()
+        status = entry(self.params_addr, self.exe_addr)
+        if status:
+            _lib.raise_for_status(name, status)
+        # `workspace` returns to PyTorch's allocator here; on CUDA it is reused only by work queued after this
+
+
+def _eager(*tensors):
+    for t in tensors:
+        if type(t) is not torch.Tensor:  # FakeTensor and other subclasses take the custom ops
+            return False
+    return not torch.compiler.is_compiling()
+
+
+def _cache():
+    cache = getattr(_prepared, "cache", None)
+    if cache is None or len(cache) >= _PREPARED_MAX:
+        cache = _prepared.cache = {}
+    return cache
+
+
+def _fits(t):
+    """What the prepared calls take as it is; the custom ops copy anything else (_gpu_friendly)."""
+    if t.device.type != "cuda":
+        return True
+    unit = 16 // t.element_size()
+    return t.data_ptr() % 16 == 0 and all(st % unit == 0 or n == 1 for st, n in zip(t.stride()[:-1], t.shape[:-1]))
+
+
+def _prepare_forward(q, k, v, sizes, varlen, options, alibi_slopes, lse_shape, rows):
+    """A prepared forward for a signature whose checks passed, or None for what the custom ops handle."""
+    if rows == 0 or k.shape[0] == 0 or (not varlen and k.shape[1] == 0):
+        return None
+    if alibi_slopes is not None and not alibi_slopes.is_contiguous():
+        return None
+    if not (_fits(q) and _fits(k) and _fits(v)):
+        return None
+    softmax_scale, causal, window_left, window_right, softcap = options
+    p, _ = _params(q, sizes, varlen, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
+    for field, t in (("q", q), ("k", k), ("v", v)):
+        _set(p, field, t, varlen)
+    _common.set_tensor(p.o, 0, _contiguous_strides(q.shape), varlen)
+    return _Prepared(p, ("q", "k", "v", "o"), q.device, sizes, options, lse_shape, rows, varlen)
+
+
+def _prepare_backward(fwd, q, k, dout, deterministic):
+    p = _lib.Params.from_buffer_copy(fwd.params)
+    p.deterministic = 1 if deterministic else 0
+    _common.set_tensor(p.dout, 0, dout.stride(), fwd.varlen)
+    for field, shape in (("dq", q.shape), ("dk", k.shape), ("dv", k.shape)):
+        _common.set_tensor(getattr(p, field), 0, _contiguous_strides(shape), fwd.varlen)
+    return _Prepared(p, ("q", "k", "v", "o", "dout", "dq", "dk", "dv"), fwd.device, fwd.sizes, fwd.options,
+                     fwd.lse_shape, fwd.rows, fwd.varlen)
+
+
+def _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k):
+    out = torch.empty(q.shape, dtype=q.dtype, device=fwd.device)
+    lse = torch.empty(fwd.lse_shape, dtype=torch.float32, device=fwd.device)
+    vq, vk, vv, vo = fwd.views
+    vq.data, vk.data, vv.data, vo.data = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    fwd.params.lse = lse.data_ptr()
+    fwd.run(_fa_fwd, "fa_fwd", alibi_slopes, cu_q, cu_k)
+    return out, lse
+
+
+def _backward_eager(fwd, dout, q, k, v, out, lse, alibi_slopes, cu_q, cu_k, deterministic):
+    dout = _last_dim_contiguous(dout)
+    if not _fits(dout):
+        return _backward(dout, q, k, v, out, lse, fwd.sizes, fwd.varlen, cu_q, cu_k, fwd.rows, *fwd.options,
+                         alibi_slopes, deterministic)
+    key = (dout.stride(), deterministic)
+    bwd = fwd.backward.get(key)
+    if bwd is None:
+        bwd = fwd.backward[key] = _prepare_backward(fwd, q, k, dout, deterministic)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=fwd.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=fwd.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=fwd.device)
+    vq, vk, vv, vo, vdo, vdq, vdk, vdv = bwd.views
+    vq.data, vk.data, vv.data, vo.data = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    vdo.data, vdq.data, vdk.data, vdv.data = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    bwd.params.lse = lse.data_ptr()
+    bwd.run(_fa_bwd, "fa_bwd", alibi_slopes, cu_q, cu_k)
+    return dq, dk, dv
+
+
+class _EagerAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, alibi_slopes, cu_q, cu_k, fwd, deterministic):
+        out, lse = _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_q, cu_k)
+        ctx.fwd, ctx.deterministic = fwd, deterministic
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _backward_eager(ctx.fwd, dout, q, k, v, out, lse, alibi_slopes, cu_q, cu_k, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _run_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k, deterministic):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(q, k, v, alibi_slopes, cu_q, cu_k, fwd, bool(deterministic))
+    return _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k)
+
+
+def _eager_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
+    """The prepared forward of a dense call, or None where the custom ops take it."""
+    if dropout_p or not _eager(q, k, v) or (alibi_slopes is not None and type(alibi_slopes) is not torch.Tensor):
+        return None
+    alibi_key = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
+                                                   alibi_slopes.get_device())
+    key = ("dense", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+           q.is_cuda, q.get_device(), k.get_device(), v.get_device(), softmax_scale, causal, window_size, softcap,
+           alibi_key)
+    cache = _cache()
+    try:
+        fwd = cache.get(key, False)
+    except TypeError:  # an option of an unhashable type (a list window): the custom ops read it
+        return None
+    if fwd is False:
+        scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
+        sizes = _check_dense(q, k, v, alibi_slopes)
+        batch, seqlen_q, _, heads_q, _, head_dim = sizes
+        fwd = None
+        if _pad_target(q) == head_dim:
+            fwd = _prepare_forward(q, k, v, sizes, False, (scale, bool(causal), wl, wr, cap), alibi_slopes,
+                                   (batch, heads_q, seqlen_q), batch * seqlen_q * heads_q)
+        cache[key] = fwd
+    if fwd is None or (fwd.cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16):
+        return None
+    return fwd
+
+
+def _eager_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                  causal, window_size, softcap, alibi_slopes):
+    if dropout_p or not _eager(q, k, v, cu_seqlens_q, cu_seqlens_k) or (
+            alibi_slopes is not None and type(alibi_slopes) is not torch.Tensor):
+        return None
+    alibi_key = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
+                                                   alibi_slopes.get_device())
+    key = ("varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+           q.is_cuda, q.get_device(), k.get_device(), v.get_device(), cu_seqlens_q.shape, cu_seqlens_q.stride(),
+           cu_seqlens_q.dtype, cu_seqlens_q.get_device(), cu_seqlens_k.shape, cu_seqlens_k.stride(),
+           cu_seqlens_k.dtype, cu_seqlens_k.get_device(), max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+           window_size, softcap, alibi_key)
+    cache = _cache()
+    try:
+        fwd = cache.get(key, False)
+    except TypeError:
+        return None
+    if fwd is False:
+        scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
+        sizes = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                              alibi_slopes)
+        heads_q, total_q, head_dim = sizes[3], sizes[1], sizes[5]
+        fwd = None
+        if _pad_target(q) == head_dim and cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous():
+            fwd = _prepare_forward(q, k, v, sizes, True, (scale, bool(causal), wl, wr, cap), alibi_slopes,
+                                   (heads_q, total_q), heads_q * total_q)
+        cache[key] = fwd
+    if fwd is None or (fwd.cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16):
+        return None
+    if not fwd.cuda:  # host cu_seqlens are read on every call: their values are part of no key
+        _check_cu_seqlens_host("cu_seqlens_q", cu_seqlens_q, fwd.sizes[1])
+        _check_cu_seqlens_host("cu_seqlens_k", cu_seqlens_k, fwd.sizes[2])
+    return fwd
+
+
 # ---- public functions (flash-attn 2.x signatures) ----
 
-# Head dims the CUDA kernels are compiled for; flash-attn likewise rounds a head dim up to its kernel's.
+# Head dims the CUDA kernels are compiled for.
 _CUDA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
 
-def _pad_head_dim(q, k, v):
-    """Zero-pads head_dim to what the backend takes: a multiple of 8 on the CPU, the next compiled kernel
-    size on CUDA. Zero columns change neither Q K^T nor the first head_dim columns of the output, and autograd
-    slices the gradients back. The softmax scale is computed from the unpadded head_dim by the caller."""
-    if not all(isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == q.shape[-1] for t in (k, v)):
-        return q, k, v  # mismatched head_dims are reported by the op's checks
+def _pad_target(q):
+    """The head_dim the backend of q's device takes for q's: a multiple of 8 on the CPU, the next compiled kernel
+    size on CUDA (flash-attn likewise rounds a head dim up to its kernel's)."""
     d = q.shape[-1]
     target = d + (-d % 8)
     if q.is_cuda:
         target = next((c for c in _CUDA_HEAD_DIMS if c >= d), target)
+    return target
+
+
+def _pad_head_dim(q, k, v):
+    """Zero-pads head_dim to _pad_target. Zero columns change neither Q K^T nor the first head_dim columns of
+    the output, and autograd slices the gradients back. The softmax scale is computed from the unpadded head_dim
+    by the caller."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == q.shape[-1] for t in (k, v)):
+        return q, k, v  # mismatched head_dims are reported by the op's checks
+    d, target = q.shape[-1], _pad_target(q)
     if target == d:
         return q, k, v
     return tuple(torch.nn.functional.pad(t, (0, target - d)) for t in (q, k, v))
@@ -371,6 +633,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Returns out (batch, seqlen_q, heads_q, head_dim), or with return_attn_probs=True (out, softmax_lse, None)
     where softmax_lse is float32 (batch, heads_q, seqlen_q); rows that see no key get out = 0, lse = -inf.
     """
+    fwd = _eager_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    if fwd is not None:
+        out, lse = _run_eager(fwd, q, k, v, alibi_slopes, None, None, deterministic)
+        return (out, lse, None) if return_attn_probs else out
     scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
     head_dim = q.shape[-1]
     q, k, v = _pad_head_dim(q, k, v)
@@ -391,6 +657,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     if block_table is not None:
         raise NotImplementedError("block_table (paged KV cache) is not supported by flashattn yet")
+    fwd = _eager_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                        causal, window_size, softcap, alibi_slopes)
+    if fwd is not None:
+        out, lse = _run_eager(fwd, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, deterministic)
+        return (out, lse, None) if return_attn_probs else out
     scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
     head_dim = q.shape[-1]
     q, k, v = _pad_head_dim(q, k, v)

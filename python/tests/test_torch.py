@@ -369,18 +369,77 @@ def test_runs_on_the_current_stream():
     assert torch.equal(out, expected)
 
 
+def _fresh(*tensors):
+    """New random values in place: a graph replay reads the captured addresses."""
+    for t in tensors:
+        with torch.no_grad():
+            t.copy_(torch.randn_like(t))
+
+
 @needs_cuda
-def test_cuda_graph_capture():
-    q, k, v = (torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    flash_attn_func(q, k, v)  # warm up outside the capture
-    torch.cuda.synchronize()
+@pytest.mark.parametrize("shape", [(1, 128, 2, 2, 64), (4, 2048, 16, 4, 64), (2, 1000, 8, 8, 128)],
+                         ids=["small", "many-tiles-d64", "d128"])
+def test_cuda_graph_forward_replays_new_inputs(shape):
+    """A captured forward replayed several times, with new values each time, equals eager calls. The second
+    shape has more query tiles than SMs, so the persistent grid claims tiles from its counter in every replay."""
+    b, s, hq, hkv, d = shape
+    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flash_attn_func(q, k, v, causal=True)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = flash_attn_func(q, k, v, causal=True)
-    q.copy_(torch.randn_like(q))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
+    for _ in range(4):
+        _fresh(q, k, v)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
+
+
+@needs_cuda
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_cuda_graph_forward_backward(varlen):
+    """Forward and backward captured in one graph (gradients by torch.autograd.grad), replayed with new inputs
+    and new output gradients, equal eager calls."""
+    lens = [300, 1, 700, 0, 513]
+    total, hq, hkv, d = sum(lens), 8, 2, 128
+    if varlen:
+        q = torch.randn(total, hq, d, device="cuda", dtype=torch.float16, requires_grad=True)
+        k, v = (torch.randn(total, hkv, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(2))
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
+
+        def attention(q, k, v):
+            return flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    else:
+        q = torch.randn(2, 777, hq, d, device="cuda", dtype=torch.float16, requires_grad=True)
+        k, v = (torch.randn(2, 777, hkv, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(2))
+
+        def attention(q, k, v):
+            return flash_attn_func(q, k, v, causal=True)
+    dout = torch.randn_like(q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            torch.autograd.grad(attention(q, k, v), (q, k, v), dout)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    for _ in range(3):
+        _fresh(q, k, v, dout)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected_out = attention(q, k, v)
+        expected = torch.autograd.grad(expected_out, (q, k, v), dout)
+        assert torch.equal(out, expected_out)
+        for got, want in zip(grads, expected):
+            assert torch.equal(got, want)
 
 
 @needs_cuda
@@ -394,6 +453,98 @@ def test_deterministic_backward_is_bitwise_reproducible():
     for g in grads[1:]:
         for a, b in zip(g, grads[0]):
             assert torch.equal(a, b)
+
+
+def _op_path(q, k, v, **kw):
+    """flash_attn_func through the custom ops (the path of torch.compile), for comparing with the eager path."""
+    scale = q.shape[-1] ** -0.5
+    out, lse = torch.ops.flashattn.fwd(q, k, v, scale, kw.get("causal", False), -1, -1, 0.0, kw.get("alibi"), False)
+    return out, lse
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_path_matches_custom_ops(device):
+    """The eager path (a prepared call per signature) gives bitwise what the custom ops give, on a first and a
+    later call of each signature, interleaved with other signatures, for outputs and gradients."""
+    dtype = _dtypes(device)[-1]
+    base = torch.randn(2, 96, 4, 64, device=device, dtype=dtype)
+    signatures = [
+        lambda: (torch.randn(2, 96, 4, 64, device=device, dtype=dtype), torch.randn(2, 80, 2, 64, device=device,
+                 dtype=dtype), torch.randn(2, 80, 2, 64, device=device, dtype=dtype), {"causal": True}),
+        lambda: (torch.randn(2, 4, 96, 64, device=device, dtype=dtype).transpose(1, 2),  # strided q
+                 torch.randn(2, 96, 4, 64, device=device, dtype=dtype), torch.randn_like(base), {}),
+        lambda: (torch.randn(1, 33, 4, 64, device=device, dtype=dtype), torch.randn(1, 70, 4, 64, device=device,
+                 dtype=dtype), torch.randn(1, 70, 4, 64, device=device, dtype=dtype),
+                 {"alibi": torch.rand(4, device=device, dtype=torch.float32)}),
+    ]
+    for _ in range(2):
+        for make in signatures:
+            q, k, v, kw = make()
+            alibi = kw.get("alibi")
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            out, lse, _ = flash_attn_func(q, k, v, causal=kw.get("causal", False), alibi_slopes=alibi,
+                                          return_attn_probs=True)
+            ref_out, ref_lse = _op_path(q, k, v, **kw)
+            assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+            dout = torch.randn_like(out)
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+            ref = torch.autograd.grad(ref_out, (q, k, v), dout)
+            for got, want in zip(grads, ref):
+                assert torch.equal(got, want)
+            # a strided output gradient (a view) takes the same path
+            wide = torch.randn(*out.shape[:-1], 2 * out.shape[-1], device=device, dtype=dtype)[..., ::2]
+            out = flash_attn_func(q, k, v, causal=kw.get("causal", False), alibi_slopes=alibi)
+            got = torch.autograd.grad(out, (q, k, v), wide)
+            want = torch.autograd.grad(_op_path(q, k, v, **kw)[0], (q, k, v), wide.contiguous())
+            for g, w in zip(got, want):
+                assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_path_still_checks(device):
+    """A signature seen before is still checked where the checks depend on more than the signature."""
+    dtype = _dtypes(device)[0]
+    q = torch.randn(1, 16, 2, 64, device=device, dtype=dtype)
+    flash_attn_func(q, q, q)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_func(q, q, q, window_size=(1, 2, 3))
+    cu = torch.tensor([0, 10, 16], dtype=torch.int32, device=device)
+    packed = q[0]
+    flash_attn_varlen_func(packed, packed, packed, cu, cu, 10, 10)
+    if device == "cpu":  # host cu_seqlens are values, part of no signature
+        bad = torch.tensor([0, 17, 16], dtype=torch.int32)
+        with pytest.raises(ValueError, match="cu_seqlens_q"):
+            flash_attn_varlen_func(packed, packed, packed, bad, cu, 17, 10)
+
+
+@needs_cuda
+def test_host_overhead_against_sdpa():
+    """Host time per call on a problem whose kernel takes a few microseconds: the eager path must cost at most
+    three times what SDPA costs on the same machine (a loose guard; the benchmark reports the figures)."""
+    import time
+
+    q, k, v = (torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def per_call(fn, n=2000):
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - start) / n)
+        return best
+
+    ours = per_call(lambda: flash_attn_func(q, k, v))
+    sdpa = per_call(lambda: F.scaled_dot_product_attention(qt, kt, vt))
+    print(f"host time per forward call: flashattn {ours * 1e6:.1f} us, SDPA {sdpa * 1e6:.1f} us")
+    assert ours <= 3 * sdpa, f"flash_attn_func {ours * 1e6:.1f} us per call > 3x SDPA's {sdpa * 1e6:.1f} us"
 
 
 @pytest.mark.parametrize("device", DEVICES)
