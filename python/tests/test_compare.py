@@ -267,3 +267,17 @@ def test_cpu_quick_run_end_to_end(tmp_path):
     # the summary table comes last
     assert res.stdout.rstrip().splitlines()[-1].startswith("geomean overhead")
     assert math.isfinite(data["meta"]["elapsed_s"])
+
+
+def test_cpu_single_mode_without_flush(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    js = tmp_path / "s.json"
+    cmd = [sys.executable, os.path.join(BENCH, "compare.py"), "--device", "cpu", "--quick", "--rounds", "1",
+           "--mode", "single", "--l2", "warm", "--sets", "paper", "--seqlens", "128", "--causal", "no",
+           "--passes", "fwd", "--impls", "ours,ours-direct,efficient", "--block-ms", "2", "--json", str(js)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(js.read_text())
+    assert {(r["impl"], len(r["ms"])) for r in data["records"]} == {("ours", 1), ("ours-direct", 1)}
+    assert [m["impl"] for m in data["missing"]] == ["efficient"]   # no CPU kernel: missing, not a crash
+    assert (data["meta"]["options"]["mode"], data["meta"]["options"]["l2"]) == ("single", "warm")
