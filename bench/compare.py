@@ -49,7 +49,7 @@ Output: --json FILE (metadata, ceilings, one record per (set, shape, pass, impl)
 --device cpu runs the same machinery on tiny shapes on the CPU (ours through the CPU backend, torch's CPU
 SDPA, wall clock instead of events): a smoke test of the flow, not a benchmark.
 
-  bench/compare.py --json compare.json --csv compare.csv          # the default sets, about 4 min on an H100
+  bench/compare.py --json compare.json --csv compare.csv          # the default sets (estimated 4 min, H100)
   bench/compare.py --sets paper --head-dims 128 --causal yes --passes fwd
   bench/compare.py --device cpu --quick                           # smoke test without a GPU
   bench/compare.py --estimate                                     # the run-time estimate, no GPU needed

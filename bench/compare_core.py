@@ -257,7 +257,7 @@ def summary_lines(records, impls=None, ceilings=None):
             lines.append("   (TB/s of K and V read; the device-to-device copy of this run: %s TB/s read + write)"
                          % fmt_value(copy))
         shape_w = max([len("shape")] + [len(r["shape"]) for r in recs])
-        head = "%-*s %-8s" % (shape_w, "shape", "pass") + "".join(" %10s" % c[:10] for c in cols)
+        head = "%-*s %-8s" % (shape_w, "shape", "pass") + "".join(" %11s" % c[:11] for c in cols)
         head += "".join(" %-19s" % f"{n}/{d}" for n, d in pairs)
         lines.append(head)
         rows = []
@@ -270,7 +270,7 @@ def summary_lines(records, impls=None, ceilings=None):
             line = "%-*s %-8s" % (shape_w, shape, pass_)
             for c in cols:
                 rec = cell.get((shape, pass_, c))
-                line += " %10s" % fmt_value(rec["median"] if rec else None)
+                line += " %11s" % fmt_value(rec["median"] if rec else None)
             for n, d in pairs:
                 line += " %-19s" % fmt_ratio(ratio_at.get((set_name, shape, pass_, n, d)))
             lines.append(line.rstrip())
