@@ -264,11 +264,11 @@ class Timer:
     def _events(self):
         return (self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True))
 
-    def block(self, fn, n, warmup):
-        """Milliseconds per call of fn: warm-up calls, then n timed calls as --mode says."""
+    def block(self, fn, n, warmup, mode=None):
+        """Milliseconds per call of fn: warm-up calls, then n timed calls as `mode` (default --mode) says."""
         for _ in range(warmup):
             fn()
-        if self.mode == "b2b":
+        if (mode or self.mode) == "b2b":
             # No synchronisation after the warm-up: the flush and the timed calls queue behind it, so the
             # GPU does not idle at the start of the block waiting for the host.
             self.flush()
@@ -450,10 +450,11 @@ class Runner:
     # ---- ceilings ----
 
     def time_auto(self, fn):
+        """The ceilings' timing: always back to back, whatever --mode, so that they measure the roofs."""
         fn()
         self.timer.sync()
-        n, w = core.choose_calls(self.timer.block(fn, 2, 0), self.args.block_ms)
-        return self.timer.block(fn, n, w)
+        n, w = core.choose_calls(self.timer.block(fn, 2, 0, "b2b"), self.args.block_ms)
+        return self.timer.block(fn, n, w, "b2b")
 
     def measure_ceilings(self, when):
         torch = self.torch

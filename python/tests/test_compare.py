@@ -281,3 +281,84 @@ def test_cpu_single_mode_without_flush(tmp_path):
     assert {(r["impl"], len(r["ms"])) for r in data["records"]} == {("ours", 1), ("ours-direct", 1)}
     assert [m["impl"] for m in data["missing"]] == ["efficient"]   # no CPU kernel: missing, not a crash
     assert (data["meta"]["options"]["mode"], data["meta"]["options"]["l2"]) == ("single", "warm")
+
+
+# ---- the timer's CUDA path, on a stand-in for torch that logs what would reach the GPU ----
+
+class _FakeTorch:
+    uint8 = "uint8"
+
+    def __init__(self, l2_bytes):
+        self.log = []
+        self.flush_bytes = None
+        torch = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+                self.t = None
+
+            def record(self):
+                torch.log.append("record")
+                self.t = len(torch.log)
+
+            def synchronize(self):
+                torch.log.append("event-sync")
+
+            def elapsed_time(self, other):
+                return 2.0 * (other.t - self.t)   # milliseconds: 2 per logged step in between
+
+        class Props:
+            L2_cache_size = l2_bytes
+
+        class Cuda:
+            @staticmethod
+            def current_device():
+                return 0
+
+            @staticmethod
+            def get_device_properties(i):
+                return Props()
+
+            @staticmethod
+            def synchronize():
+                torch.log.append("sync")
+
+        Cuda.Event = Event
+        self.cuda = Cuda
+
+    def empty(self, n, dtype, device):
+        assert device == "cuda"
+        self.flush_bytes = n
+        torch = self
+
+        class Buf:
+            def zero_(self):
+                torch.log.append("flush")
+        return Buf()
+
+
+def test_timer_b2b_times_the_block_after_warmup_and_flush():
+    t = _FakeTorch(50 << 20)
+    timer = compare.Timer(t, "cuda", "b2b", "flush")
+    assert t.flush_bytes == 100 << 20            # twice the L2
+    ms = timer.block(lambda: t.log.append("call"), 4, 2)
+    assert t.log == ["call"] * 2 + ["flush", "record"] + ["call"] * 4 + ["record", "event-sync"]
+    assert ms == pytest.approx(2.0 * 5 / 4)      # elapsed over the block / N
+
+
+def test_timer_single_times_each_call_after_a_flush_and_a_sync():
+    t = _FakeTorch(None)
+    timer = compare.Timer(t, "cuda", "single", "flush")
+    assert t.flush_bytes == 256 << 20            # L2 size unknown: 256 MB
+    ms = timer.block(lambda: t.log.append("call"), 3, 1)
+    assert t.log == ["call"] + ["flush", "sync", "record", "call", "record", "event-sync"] * 3
+    assert ms == pytest.approx(2.0 * 2)
+
+
+def test_timer_warm_l2_never_flushes():
+    t = _FakeTorch(50 << 20)
+    timer = compare.Timer(t, "cuda", "b2b", "warm")
+    assert t.flush_bytes is None
+    timer.block(lambda: t.log.append("call"), 3, 3, "b2b")
+    assert "flush" not in t.log
