@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # device.sh - everything the GPU machine runs, in one script: build, the test suite (GPU tests included),
-# compute-sanitizer on small problems, the paper benchmark of ours next to PyTorch's SDPA backends, and the
-# CPU comparison with PyTorch's CPU SDPA. Logs and results go to $OUT (default ./device-out), at most 8
-# files (build.log tests.log sanitize.log bench.log bench.csv peers.json cpu.log extras.tar); a short
-# table of ours vs the peers is printed last (and appended to bench.log).
+# compute-sanitizer on small problems, the benchmark of ours against PyTorch's attention backends in one
+# harness (bench/compare.py), our kernels alone (flashattn bench), and the CPU comparison with PyTorch's CPU
+# SDPA. Logs and results go to $OUT (default ./device-out), at most 8 files (build.log tests.log
+# sanitize.log bench.log compare.json compare.csv cpu.log extras.tar); compare.py's summary table of ours vs
+# the peers is printed last.
 #
 #   tools/device.sh [--quick] [--jobs N] [PART ...]
 #
@@ -11,12 +12,13 @@
 #   build      make -j; prints the CUDA build time                          -> build.log
 #   test       make test (C tests with the GPU ones, install test, Python) -> tests.log
 #   sanitize   compute-sanitizer memcheck + racecheck on flashattn check    -> sanitize.log
-#   bench      bench/peer_bench.py, then flashattn bench --sweep paper      -> bench.log bench.csv peers.json
-#              (SVG plots in plots/, or in extras.tar with the ceilings when there are more than 8 files)
+#   bench      bench/compare.py (ours and the peers, every ratio)           -> bench.log compare.json compare.csv
+#              then flashattn bench --sweep paper (our kernels alone)       -> extras.tar: ours-bench.log/.csv, plots
 #   cpu        fp32 b1 h8 s2048 d128 at 1 and 16 threads, ours vs torch    -> cpu.log (csv/json in extras.tar)
-#   summary    only the table, from bench.csv and peers.json already in $OUT
-# --quick      head_dim 128 only in the benchmarks, one shape per sanitizer tool
-# Environment: FA_BENCH_ARGS / FA_PEER_ARGS replace the sweep arguments of ours / the peers.
+#   summary    only compare.py's table, from compare.json already in $OUT
+# --quick      compare.py --quick (a few shapes per set), head_dim 128 only in flashattn bench, one shape per
+#              sanitizer tool
+# Environment: FA_COMPARE_ARGS / FA_BENCH_ARGS replace the arguments of compare.py / flashattn bench.
 set -u -o pipefail
 
 cd "$(dirname "$0")/.." || exit 1
@@ -127,29 +129,29 @@ part_sanitize() {
     note "sanitize: done"
 }
 
+# compare.py times ours and the peers with one timer, interleaved in one process: every ratio against a peer
+# comes from it. flashattn bench then times our kernels alone (and the naive baseline) for their own table.
 part_bench() {
-    local peer_args ours_args
+    local cmp_args ours_args
     if [ $QUICK -eq 1 ]; then
-        peer_args="--head-dims 128"
+        cmp_args="--quick"
         ours_args="--head-dim 128"
     else
-        peer_args=""
+        cmp_args=""
         ours_args=""
     fi
-    peer_args=${FA_PEER_ARGS:-$peer_args}
+    cmp_args=${FA_COMPARE_ARGS:-$cmp_args}
     ours_args=${FA_BENCH_ARGS:-$ours_args}
-    mkdir -p "$OUT/plots" "$EXTRA"
-    note "bench: peers (bench/peer_bench.py $peer_args)"
+    mkdir -p "$EXTRA/plots"
+    note "bench: $PY bench/compare.py --json $OUT/compare.json --csv $OUT/compare.csv $cmp_args"
     # shellcheck disable=SC2086
-    "$PY" bench/peer_bench.py --ceilings --ceilings-json "$EXTRA/ceilings.json" --json "$OUT/peers.json" \
-        $peer_args > "$OUT/bench.log" 2>&1 || { tail -5 "$OUT/bench.log"; note "bench: peers FAILED"; FAILED+=(peers); }
-    grep '^#' "$OUT/bench.log"
-    note "bench: ours ($FA bench --sweep paper --backend cuda,naive $ours_args)"
-    local peers=()
-    [ -s "$OUT/peers.json" ] && peers=(--peers "$OUT/peers.json")
+    "$PY" bench/compare.py --json "$OUT/compare.json" --csv "$OUT/compare.csv" $cmp_args > "$OUT/bench.log" 2>&1 ||
+        { tail -5 "$OUT/bench.log"; note "bench: compare.py FAILED"; FAILED+=(compare); }
+    grep -E '^(# |\[ *[0-9]+s\] done)' "$OUT/bench.log"
+    note "bench: ours alone ($FA bench --sweep paper --backend cuda,naive $ours_args)"
     # shellcheck disable=SC2086
-    "$FA" bench --sweep paper --backend cuda,naive --csv "$OUT/bench.csv" --plot "$OUT/plots/paper.svg" \
-        "${peers[@]}" $ours_args >> "$OUT/bench.log" 2>&1 || { tail -5 "$OUT/bench.log"; note "bench: ours FAILED"; FAILED+=(bench); }
+    "$FA" bench --sweep paper --backend cuda,naive --csv "$EXTRA/ours-bench.csv" --plot "$EXTRA/plots/paper.svg" \
+        $ours_args > "$EXTRA/ours-bench.log" 2>&1 || { tail -5 "$EXTRA/ours-bench.log"; note "bench: ours FAILED"; FAILED+=(bench); }
     note "bench: done"
 }
 
@@ -172,76 +174,6 @@ part_cpu() {
     "$PY" bench/peer_bench.py --cpu --threads 1,16 --json "$EXTRA/cpu-peers.json" >> "$OUT/cpu.log" 2>&1 ||
         FAILED+=("cpu peers")
     cpu_table | tee -a "$OUT/cpu.log"
-}
-
-# The table of ours vs PyTorch's flash and cuDNN backends, from bench.csv and peers.json. Column names of
-# bench.csv are matched loosely so that the table survives small changes of the CLI's format.
-summary_table() {
-    "$PY" - "$OUT/bench.csv" "$OUT/peers.json" <<'EOF'
-import csv, json, os, sys
-csv_path, json_path = sys.argv[1], sys.argv[2]
-
-def field(row, *names):
-    for n in names:
-        for k, v in row.items():
-            if k and k.strip().lower() == n:
-                return v
-    return None
-
-def truth(x):
-    return str(x).strip().lower() in ("1", "true", "yes", "causal")
-
-data = {}  # (pass, d, causal, seqlen) -> {impl: tflops}
-impls_ours, impls_peer = [], []
-if os.path.exists(csv_path):
-    for r in csv.DictReader(open(csv_path)):
-        status = (field(r, "status") or "FA_OK").strip()
-        if status not in ("FA_OK", "ok", "0"):
-            continue
-        impl = field(r, "impl", "backend", "implementation") or "ours"
-        kern = (field(r, "kernel") or "").strip()
-        if kern not in ("", "auto", "-", "none", impl):
-            impl = "%s-%s" % (impl, kern)
-        try:
-            key = ((field(r, "pass", "direction") or "fwd").strip(), int(field(r, "head_dim", "d")),
-                   truth(field(r, "causal")), int(field(r, "seqlen", "seqlen_q")))
-            tf = float(field(r, "tflops", "tflop/s"))
-        except (TypeError, ValueError):
-            continue
-        data.setdefault(key, {})[impl] = tf
-        if impl not in impls_ours: impls_ours.append(impl)
-if os.path.exists(json_path):
-    for r in json.load(open(json_path)):
-        key = (r["pass"], r["head_dim"], bool(r["causal"]), r["seqlen"])
-        data.setdefault(key, {})[r["impl"]] = r["tflops"]
-        if r["impl"] not in impls_peer: impls_peer.append(r["impl"])
-if not data:
-    print("summary: no bench.csv / peers.json results"); sys.exit(0)
-
-ours = next((i for i in impls_ours if i not in ("naive",)), None)
-cols = impls_ours + impls_peer
-print("TFLOP/s (bf16, 16k tokens, hidden 2048)%s" % ("; ratios are %s / peer" % ours if ours else ""))
-ratio_peers = [p for p in ("torch-flash", "torch-cudnn") if p in impls_peer]
-hdr = "%-4s %4s %-6s %6s " % ("pass", "d", "causal", "seqlen") + " ".join("%11s" % c[:11] for c in cols)
-hdr += "".join(" %11s" % ("/" + p.replace("torch-", "")) for p in ratio_peers if ours)
-print(hdr)
-wins = {}
-for key in sorted(data, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3])):
-    row = data[key]
-    line = "%-4s %4d %-6s %6d " % (key[0], key[1], "yes" if key[2] else "no", key[3])
-    line += " ".join("%11s" % (("%.1f" if row[c] >= 10 else "%.3g") % row[c] if c in row else "-") for c in cols)
-    for p in ratio_peers:
-        if ours and ours in row and p in row and row[p] > 0:
-            r = row[ours] / row[p]
-            line += " %11s" % ("%.2f" % r)
-            if p == "torch-flash" and key[3] >= 2048:
-                w = wins.setdefault(key[0], [0, 0]); w[1] += 1; w[0] += r >= 1.0
-        elif ours:
-            line += " %11s" % "-"
-    print(line)
-for p, (won, total) in sorted(wins.items()):
-    print("%s: %s >= torch-flash at %d of %d shapes with seqlen >= 2k" % (p, ours, won, total))
-EOF
 }
 
 cpu_table() {
@@ -281,12 +213,9 @@ for k in sorted(res, key=lambda k: (k[0], k[1], k[2] != "fwd")):
 EOF
 }
 
-# At most 8 files under $OUT: the extras always go into extras.tar, the plots too when there are too many.
+# At most 8 files under $OUT: the extras (plots included) go into extras.tar.
 pack_outputs() {
     if [ -d "$EXTRA" ]; then tar -C "$OUT" -cf "$OUT/extras.tar" extra && rm -rf "$EXTRA"; fi
-    if [ -d "$OUT/plots" ] && [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-        tar -C "$OUT" -rf "$OUT/extras.tar" plots && rm -rf "$OUT/plots"
-    fi
 }
 
 if [ "${PARTS[*]}" != summary ]; then
@@ -302,12 +231,17 @@ for p in "${PARTS[@]}"; do
     summary) ;;
     esac
 done
-if [ -s "$OUT/bench.csv" ] || [ -s "$OUT/peers.json" ]; then
-    summary_table | tee -a "$OUT/bench.log"
-fi
 pack_outputs
+rc=0
 if [ ${#FAILED[@]} -gt 0 ]; then
     note "device.sh: FAILED: ${FAILED[*]}"
-    exit 1
+    rc=1
+else
+    note "device.sh: all parts passed (${PARTS[*]})"
 fi
-note "device.sh: all parts passed (${PARTS[*]})"
+# compare.py's summary table, last (bench.log ends with it too).
+if [ -s "$OUT/compare.json" ]; then
+    echo
+    "$PY" bench/compare.py --summary "$OUT/compare.json" || { note "device.sh: summary FAILED"; rc=1; }
+fi
+exit $rc

@@ -1,0 +1,364 @@
+"""bench/compare.py, the harness that times ours and the peers the same way: its torch-free helpers
+(bench/compare_core.py: FLOP and byte counts, shape sets, the number of calls, the round order, statistics,
+ratios, the summary table, CSV rows, the run-time estimate), its argument handling, and, when PyTorch is
+installed, the direct ctypes call against the binding and a whole --device cpu --quick run."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+
+BENCH = os.path.join(REPO_ROOT, "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+import compare  # noqa: E402  (torch is imported only when something is timed)
+import compare_core as core  # noqa: E402
+
+
+# ---- work per call ----
+
+def test_flops_follow_the_paper_formula():
+    # 4 * s^2 * d * h * b for the forward
+    assert core.attention_flops(2, 3, 5, 5, 7, False, "fwd") == 4 * 25 * 7 * 3 * 2
+    assert core.attention_flops(2, 3, 5, 5, 7, True, "fwd") == 4 * 25 * 7 * 3 * 2 / 2
+    fwd = core.attention_flops(1, 16, 4096, 4096, 128, True, "fwd")
+    assert core.attention_flops(1, 16, 4096, 4096, 128, True, "bwd") == pytest.approx(2.5 * fwd)
+    assert core.attention_flops(1, 16, 4096, 4096, 128, True, "fwdbwd") == pytest.approx(3.5 * fwd)
+    # seqlen_q != seqlen_k (decode): the product of the two lengths
+    assert core.attention_flops(1, 1, 1, 1000, 64, False, "fwd") == 4 * 1000 * 64
+
+
+def test_kv_bytes_count_k_and_v():
+    assert core.kv_bytes(8, 8192, 8, 128, 2) == 2 * 8 * 8192 * 8 * 128 * 2
+
+
+def test_case_values_in_their_units():
+    c = core.Case("paper", "x", 2, 1024, 1024, 16, 16, 128, False, ("fwd",), "TFLOP/s")
+    assert c.value(1.0, "fwd", 2) == pytest.approx(c.flops("fwd") / 1e9)
+    d = core.decode_cases([(2, 4096)])[0]
+    assert d.value(0.5, "fwd", 2) == pytest.approx(core.kv_bytes(2, 4096, 8, 128, 2) / 0.5e9)
+    o = core.overhead_case()
+    assert o.value(0.025, "fwd", 2) == pytest.approx(25.0)
+    with pytest.raises(ValueError):
+        core.Case("x", "x", 1, 1, 1, 1, 1, 8, False, ("fwd",), "furlongs").value(1.0, "fwd", 2)
+
+
+# ---- shape sets ----
+
+def test_paper_set_keeps_tokens_and_hidden():
+    cases = core.paper_cases()
+    assert len(cases) == 3 * 2 * 6
+    for c in cases:
+        assert c.batch * c.seqlen_q == 16384 and c.heads_q * c.head_dim == 2048
+        assert c.seqlen_q == c.seqlen_k and c.heads_q == c.heads_kv and c.unit == "TFLOP/s"
+    assert len({c.label for c in cases}) == len(cases)
+    assert sum(c.causal for c in cases) == 18
+
+
+def test_decode_and_llama_sets():
+    dec = core.decode_cases()
+    assert [(c.batch, c.seqlen_k) for c in dec] == [(1, 32768), (1, 131072), (8, 8192), (32, 4096), (64, 16384)]
+    assert all(c.seqlen_q == 1 and (c.heads_q, c.heads_kv, c.head_dim) == (32, 8, 128) and not c.causal
+               and c.passes == ("fwd",) and c.unit == "TB/s" for c in dec)
+    ll = core.llama_cases()
+    assert [(c.batch, c.seqlen_q) for c in ll] == [(1, 8192), (4, 4096), (1, 32768)]
+    assert all(c.causal and (c.heads_q, c.heads_kv) == (32, 8) and c.passes == core.PASSES for c in ll)
+
+
+def test_quick_subset_keeps_the_ends():
+    xs = list(range(10))
+    assert core.quick_subset(xs, 3) == [0, 4, 9] or core.quick_subset(xs, 3) == [0, 5, 9]
+    assert core.quick_subset(xs, 1) == [0]
+    assert core.quick_subset(xs[:2], 5) == [0, 1]
+
+
+# ---- timing plan ----
+
+def test_choose_calls_targets_the_block_and_clamps():
+    assert core.choose_calls(0.1, 30.0) == (300, 75)
+    assert core.choose_calls(100.0, 30.0) == (3, 3)       # slow calls: at least 3, warm-up at least 3
+    assert core.choose_calls(0.001, 30.0) == (500, 125)   # fast calls: at most 500
+    assert core.choose_calls(0.0, 30.0) == (500, 125)
+    assert core.choose_calls(float("nan"), 30.0) == (500, 125)
+    assert core.choose_calls(1.0, 30.0, lo=5, hi=20) == (20, 5)
+
+
+def test_rotation_puts_every_impl_in_every_place():
+    impls = ["a", "b", "c", "d"]
+    orders = [core.rotated(impls, r) for r in range(4)]
+    for pos in range(4):
+        assert sorted(o[pos] for o in orders) == impls
+    assert all(sorted(o) == impls for o in orders)
+    assert core.rotated(impls, 5) == core.rotated(impls, 1)
+    assert core.rotated([], 3) == []
+
+
+# ---- statistics and ratios ----
+
+def test_spread_skips_missing_rounds():
+    assert core.spread([3.0, None, 1.0, 2.0]) == (2.0, 1.0, 3.0)
+    assert core.spread([None, None]) == (None, None, None)
+
+
+def test_ratios_pair_rounds():
+    # peer time / our time, only rounds with both
+    assert core.round_ratios([1.0, 2.0, None], [2.0, 3.0, 5.0]) == [2.0, 1.5]
+    assert core.derived_difference([5.0, None, 4.0], [2.0, 1.0, 1.0]) == [3.0, None, 3.0]
+    assert core.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert core.geomean([None, -1.0]) is None
+
+
+def _records():
+    c = core.Case("paper", "d128 full 1024", 16, 1024, 1024, 16, 16, 128, False, ("fwd",), "TFLOP/s")
+    ours = core.make_record(c, "fwd", "ours", [1.0, 1.1, 0.9], 2, 30, 7)
+    cudnn = core.make_record(c, "fwd", "cudnn", [0.9, 1.0, 0.95], 2, 30, 7)   # faster than ours
+    flash = core.make_record(c, "fwd", "flash", [2.0, 2.2, None], 2, 30, 7)
+    return c, [ours, cudnn, flash]
+
+
+def test_make_record_and_ratio_entries():
+    c, recs = _records()
+    ours = recs[0]
+    assert ours["values"][0] == pytest.approx(c.flops("fwd") / 1e9)
+    assert ours["median"] == pytest.approx(c.flops("fwd") / 1.0 / 1e9)
+    assert ours["min"] == pytest.approx(c.flops("fwd") / 1.1 / 1e9)
+    assert ours["batch"] == 16 and ours["causal"] is False and ours["calls"] == 30
+    ratios = {(e["num"], e["den"]): e for e in core.ratio_entries(recs)}
+    assert ratios[("ours", "cudnn")]["rounds"] == pytest.approx([0.9, 1.0 / 1.1, 0.95 / 0.9])
+    assert ratios[("ours", "cudnn")]["median"] == pytest.approx(1.0 / 1.1)
+    assert ratios[("ours", "flash")]["rounds"] == pytest.approx([2.0, 2.0])
+
+
+def test_summary_marks_cells_below_cudnn_and_ends_with_geomeans():
+    _, recs = _records()
+    lines = core.summary_lines(recs, ["ours", "ours-direct", "cudnn", "flash"])
+    row = next(line for line in lines if line.startswith("d128 full 1024"))
+    assert "0.91 [0.90-1.06]<" in row      # ours below cuDNN: marked
+    assert "2.00 [2.00-2.00]" in row and "2.00 [2.00-2.00]<" not in row
+    assert lines[-1].startswith("geomean paper fwd:") and "ours/cudnn 0.909" in lines[-1]
+    # an implementation without records gets no column
+    assert "ours-direc" not in next(line for line in lines if line.startswith("shape"))
+
+
+def test_summary_decode_quotes_the_copy_bandwidth():
+    d = core.decode_cases([(1, 4096)])[0]
+    recs = [core.make_record(d, "fwd", "ours", [0.01] * 3, 2)]
+    lines = core.summary_lines(recs, None, {"start": {"copy_tbps": 2.91}})
+    assert any("copy of this run: 2.91 TB/s" in line for line in lines)
+
+
+def test_csv_row():
+    _, recs = _records()
+    row = core.csv_row(recs[2])
+    assert set(row) == set(core.CSV_FIELDS)
+    assert row["rounds"] == 2 and row["ms_median"] == "2.1" and row["causal"] == 0 and row["impl"] == "flash"
+
+
+# ---- run-time estimate ----
+
+def test_default_plan_fits_eight_minutes_on_the_model():
+    args = compare.parse_args([])
+    cases = compare.build_cases(args)
+    total, per_set = core.estimate_seconds(cases, args.impls, args.rounds, args.block_ms,
+                                           overhead_calls=args.overhead_calls + args.overhead_warmup)
+    assert set(per_set) == {"paper", "decode", "llama", "overhead"}
+    assert 60 < total < 8 * 60
+    # the estimate grows with the rounds and the block length
+    more, _ = core.estimate_seconds(cases, args.impls, 5, args.block_ms)
+    longer, _ = core.estimate_seconds(cases, args.impls, 3, 100.0)
+    assert more > total and longer > total
+
+
+# ---- compare.py's arguments (torch-free) ----
+
+def test_default_cases_and_options():
+    args = compare.parse_args([])
+    assert args.impls == ["ours", "ours-direct", "cudnn", "flash"] and args.rounds == 3
+    assert (args.mode, args.l2, args.block_ms, args.dtype) == ("b2b", "flush", 30.0, "bf16")
+    assert (args.overhead_calls, args.overhead_warmup) == (2000, 200)
+    cases = compare.build_cases(args)
+    assert [sum(c.set == s for c in cases) for s in core.SET_NAMES] == [36, 5, 3, 1]
+
+
+def test_rounds_below_three_need_quick():
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--rounds", "2"])
+    assert compare.parse_args(["--rounds", "1", "--quick"]).rounds == 1
+
+
+def test_paper_options_select_shapes():
+    args = compare.parse_args(["--sets", "paper", "--head-dims", "128", "--seqlens", "2048,4096", "--causal", "yes",
+                               "--passes", "fwd,bwd"])
+    cases = compare.build_cases(args)
+    assert [(c.head_dim, c.seqlen_q, c.causal) for c in cases] == [(128, 2048, True), (128, 4096, True)]
+    assert all(c.passes == ("fwd", "bwd") for c in cases)
+    # --passes is for the training sets; decode stays a forward, llama follows it
+    got = compare.build_cases(compare.parse_args(["--sets", "decode,llama", "--passes", "bwd"]))
+    assert [c.passes for c in got] == [("fwd",)] * 5 + [("bwd",)] * 3
+
+
+def test_summary_from_json(tmp_path, capsys):
+    _, recs = _records()
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"meta": {"options": {"impls": ["ours", "cudnn", "flash"]}},
+                                "ceilings": {"start": {"gemm_n": 8192, "gemm_dtype": "bf16", "gemm_tflops": 700.0,
+                                                       "copy_tbps": 2.9, "copy_bytes": 1 << 30}},
+                                "records": recs}))
+    compare.main(["--summary", str(path)])
+    out = capsys.readouterr().out
+    assert "GEMM bf16 8192^3 700 TFLOP/s" in out and "copy 2.9 TB/s" in out
+    assert out.rstrip().splitlines()[-1].startswith("geomean paper fwd")
+
+
+# ---- with PyTorch: the direct call and a whole CPU run ----
+
+def test_direct_call_matches_the_binding():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import flashattn
+    torch.manual_seed(0)
+    q = torch.randn(2, 40, 4, 64, requires_grad=True)
+    k = torch.randn(2, 56, 2, 64, requires_grad=True)
+    v = torch.randn(2, 56, 2, 64, requires_grad=True)
+    g = torch.randn_like(q)
+    out = flashattn.flash_attn_func(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    d = compare.Direct(torch, q, k, v, True, g)   # runs fa_fwd then fa_bwd once, checking the status
+    torch.testing.assert_close(d.o, out.detach(), rtol=1e-5, atol=1e-5)
+    for got, want in ((d.dq, dq), (d.dk, dk), (d.dv, dv)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    d.o.zero_()
+    assert d.fwd() == 0 and torch.allclose(d.o, out.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_quick_run_end_to_end(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    js, cs = tmp_path / "c.json", tmp_path / "c.csv"
+    cmd = [sys.executable, os.path.join(BENCH, "compare.py"), "--device", "cpu", "--quick", "--block-ms", "2",
+           "--overhead-calls", "50", "--overhead-warmup", "5", "--json", str(js), "--csv", str(cs)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(js.read_text())
+    recs = data["records"]
+    assert {r["set"] for r in recs} == {"paper", "decode", "llama", "overhead"}
+    paper = [r for r in recs if r["set"] == "paper"]
+    assert {r["impl"] for r in paper} == {"ours", "ours-direct", "flash"}
+    assert {r["pass"] for r in paper} == {"fwd", "bwd", "fwdbwd"}
+    for r in recs:
+        assert len(r["ms"]) == 3 and r["median"] is not None and r["min"] <= r["median"] <= r["max"]
+    # every implementation of a (shape, pass) got the same number of calls and warm-up
+    plan = {}
+    for r in paper:
+        plan.setdefault((r["shape"], r["pass"]), set()).add((r["calls"], r["warmup"]))
+    assert all(len(v) == 1 for v in plan.values())
+    # cuDNN has no CPU kernel: recorded as missing, not a crash
+    assert any(m["impl"] == "cudnn" for m in data["missing"])
+    ov = {(r["impl"], r["pass"]) for r in recs if r["set"] == "overhead"}
+    assert {("ours", "bwd"), ("sdpa", "bwd"), ("ours-direct", "fwd")} <= ov
+    assert data["ceilings"]["start"]["gemm_tflops"] > 0 and "end" in data["ceilings"]
+    assert data["meta"]["options"]["rounds"] == 3 and data["meta"]["git"]
+    assert any(e["num"] == "ours" and e["den"] == "flash" for e in data["ratios"])
+    assert len(cs.read_text().strip().splitlines()) == len(recs) + 1
+    # the summary table comes last
+    assert res.stdout.rstrip().splitlines()[-1].startswith("geomean overhead")
+    assert math.isfinite(data["meta"]["elapsed_s"])
+
+
+def test_cpu_single_mode_without_flush(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    js = tmp_path / "s.json"
+    cmd = [sys.executable, os.path.join(BENCH, "compare.py"), "--device", "cpu", "--quick", "--rounds", "1",
+           "--mode", "single", "--l2", "warm", "--sets", "paper", "--seqlens", "128", "--causal", "no",
+           "--passes", "fwd", "--impls", "ours,ours-direct,efficient", "--block-ms", "2", "--json", str(js)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(js.read_text())
+    assert {(r["impl"], len(r["ms"])) for r in data["records"]} == {("ours", 1), ("ours-direct", 1)}
+    assert [m["impl"] for m in data["missing"]] == ["efficient"]   # no CPU kernel: missing, not a crash
+    assert (data["meta"]["options"]["mode"], data["meta"]["options"]["l2"]) == ("single", "warm")
+
+
+# ---- the timer's CUDA path, on a stand-in for torch that logs what would reach the GPU ----
+
+class _FakeTorch:
+    uint8 = "uint8"
+
+    def __init__(self, l2_bytes):
+        self.log = []
+        self.flush_bytes = None
+        torch = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+                self.t = None
+
+            def record(self):
+                torch.log.append("record")
+                self.t = len(torch.log)
+
+            def synchronize(self):
+                torch.log.append("event-sync")
+
+            def elapsed_time(self, other):
+                return 2.0 * (other.t - self.t)   # milliseconds: 2 per logged step in between
+
+        class Props:
+            L2_cache_size = l2_bytes
+
+        class Cuda:
+            @staticmethod
+            def current_device():
+                return 0
+
+            @staticmethod
+            def get_device_properties(i):
+                return Props()
+
+            @staticmethod
+            def synchronize():
+                torch.log.append("sync")
+
+        Cuda.Event = Event
+        self.cuda = Cuda
+
+    def empty(self, n, dtype, device):
+        assert device == "cuda"
+        self.flush_bytes = n
+        torch = self
+
+        class Buf:
+            def zero_(self):
+                torch.log.append("flush")
+        return Buf()
+
+
+def test_timer_b2b_times_the_block_after_warmup_and_flush():
+    t = _FakeTorch(50 << 20)
+    timer = compare.Timer(t, "cuda", "b2b", "flush")
+    assert t.flush_bytes == 100 << 20            # twice the L2
+    ms = timer.block(lambda: t.log.append("call"), 4, 2)
+    assert t.log == ["call"] * 2 + ["flush", "record"] + ["call"] * 4 + ["record", "event-sync"]
+    assert ms == pytest.approx(2.0 * 5 / 4)      # elapsed over the block / N
+
+
+def test_timer_single_times_each_call_after_a_flush_and_a_sync():
+    t = _FakeTorch(None)
+    timer = compare.Timer(t, "cuda", "single", "flush")
+    assert t.flush_bytes == 256 << 20            # L2 size unknown: 256 MB
+    ms = timer.block(lambda: t.log.append("call"), 3, 1)
+    assert t.log == ["call"] + ["flush", "sync", "record", "call", "record", "event-sync"] * 3
+    assert ms == pytest.approx(2.0 * 2)
+
+
+def test_timer_warm_l2_never_flushes():
+    t = _FakeTorch(50 << 20)
+    timer = compare.Timer(t, "cuda", "b2b", "warm")
+    assert t.flush_bytes is None
+    timer.block(lambda: t.log.append("call"), 3, 3, "b2b")
+    assert "flush" not in t.log
