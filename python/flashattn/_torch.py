@@ -467,12 +467,13 @@ def _prepare_backward(fwd, q, k, dout, deterministic):
                      fwd.lse_shape, fwd.rows, fwd.varlen)
 
 
-def _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k):
+def _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k, with_lse=True):
+    """out and lse (None without with_lse: the library skips it, and the call one allocation)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=fwd.device)
-    lse = torch.empty(fwd.lse_shape, dtype=torch.float32, device=fwd.device)
+    lse = torch.empty(fwd.lse_shape, dtype=torch.float32, device=fwd.device) if with_lse else None
     vq, vk, vv, vo = fwd.views
     vq.data, vk.data, vv.data, vo.data = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-    fwd.params.lse = lse.data_ptr()
+    fwd.params.lse = lse.data_ptr() if with_lse else None
     fwd.run(_fa_fwd, "fa_fwd", alibi_slopes, cu_q, cu_k)
     return out, lse
 
@@ -513,10 +514,10 @@ class _EagerAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def _run_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k, deterministic):
+def _run_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k, deterministic, with_lse):
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(q, k, v, alibi_slopes, cu_q, cu_k, fwd, bool(deterministic))
-    return _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k)
+    return _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k, with_lse)
 
 
 def _eager_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
@@ -635,7 +636,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """
     fwd = _eager_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
     if fwd is not None:
-        out, lse = _run_eager(fwd, q, k, v, alibi_slopes, None, None, deterministic)
+        out, lse = _run_eager(fwd, q, k, v, alibi_slopes, None, None, deterministic, return_attn_probs)
         return (out, lse, None) if return_attn_probs else out
     scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
     head_dim = q.shape[-1]
@@ -660,7 +661,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     fwd = _eager_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                         causal, window_size, softcap, alibi_slopes)
     if fwd is not None:
-        out, lse = _run_eager(fwd, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, deterministic)
+        out, lse = _run_eager(fwd, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, deterministic,
+                              return_attn_probs)
         return (out, lse, None) if return_attn_probs else out
     scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
     head_dim = q.shape[-1]
