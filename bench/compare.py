@@ -33,8 +33,8 @@ The timer (the same for every implementation of a shape)
   the bottleneck). --mode single: each of N calls between its own events with a synchronisation before it
   (host launch cost included); the round's figure is the median of the N.
   N: every implementation is probed (one call that may build plans, then two timed calls); N is chosen so that
-  the fastest one's block lasts about --block-ms (default 30 ms), clamped to [3, 500]; warm-up max(3, N // 4)
-  calls. N and the warm-up are the same for every implementation of the shape and pass.
+  the fastest one's block lasts about --block-ms (default 30 ms), clamped to [3, 500]; as many warm-up calls (the clock follows the power draw within tens of ms: a
+  short warm-up favours whatever follows a light kernel). N and the warm-up are the same for every implementation of the shape and pass.
   --l2 flush (default): a buffer of twice the L2 size is zeroed outside the timed region, before each timed
   block (b2b) or each call (single); --l2 warm: never.
   Rounds (--rounds, default and minimum 3; --quick allows fewer): in each round every implementation is timed

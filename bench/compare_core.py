@@ -134,13 +134,17 @@ def quick_subset(cases, keep):
 
 def choose_calls(fastest_ms, block_ms, lo=3, hi=500):
     """(timed calls N, warm-up calls) for a shape: N such that the fastest implementation's block lasts about
-    block_ms, clamped to [lo, hi]; warm-up max(3, N // 4). The same for every implementation of the shape."""
+    block_ms, clamped to [lo, hi]; as many warm-up calls as timed ones. The same for every implementation of the
+    shape. The warm-up is that long because the GPU's clock follows its power draw within tens of
+    milliseconds: measured on an H200 (d128 16k forward), the first ~35 ms of a kernel that follows idle time or
+    a lighter kernel run ~10% faster than its sustained rate, so a short warm-up favours whichever
+    implementation comes after a light one."""
     if not fastest_ms or fastest_ms <= 0 or math.isnan(fastest_ms):
         n = hi
     else:
         n = int(round(block_ms / fastest_ms))
     n = max(lo, min(hi, n))
-    return n, max(3, n // 4)
+    return n, n
 
 
 def rotated(items, round_index):

@@ -81,12 +81,12 @@ def test_quick_subset_keeps_the_ends():
 # ---- timing plan ----
 
 def test_choose_calls_targets_the_block_and_clamps():
-    assert core.choose_calls(0.1, 30.0) == (300, 75)
-    assert core.choose_calls(100.0, 30.0) == (3, 3)       # slow calls: at least 3, warm-up at least 3
-    assert core.choose_calls(0.001, 30.0) == (500, 125)   # fast calls: at most 500
-    assert core.choose_calls(0.0, 30.0) == (500, 125)
-    assert core.choose_calls(float("nan"), 30.0) == (500, 125)
-    assert core.choose_calls(1.0, 30.0, lo=5, hi=20) == (20, 5)
+    assert core.choose_calls(0.1, 30.0) == (300, 300)     # warm-up as long as the timed block
+    assert core.choose_calls(100.0, 30.0) == (3, 3)       # slow calls: at least 3
+    assert core.choose_calls(0.001, 30.0) == (500, 500)   # fast calls: at most 500
+    assert core.choose_calls(0.0, 30.0) == (500, 500)
+    assert core.choose_calls(float("nan"), 30.0) == (500, 500)
+    assert core.choose_calls(1.0, 30.0, lo=5, hi=20) == (20, 20)
 
 
 def test_rotation_puts_every_impl_in_every_place():
