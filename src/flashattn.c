@@ -318,6 +318,17 @@ static fa_status validate(const fa_params *p, fa_backend backend, int backward, 
             return st;
     }
 
+    if (p->alibi_slopes && host_backend(backend)) {
+        const int64_t nb = p->alibi_batch_stride ? p->batch : 1;
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t h = 0; h < p->heads_q; h++) {
+                float sl = p->alibi_slopes[b * p->alibi_batch_stride + h];
+                if (!isfinite(sl))
+                    return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_slopes[%lld] (%g) is not finite",
+                                   (long long)(b * p->alibi_batch_stride + h), (double)sl);
+            }
+    }
+
     *r = *p;
     if (r->softmax_scale == 0.0f) r->softmax_scale = 1.0f / sqrtf((float)p->head_dim);
     if (r->causal) r->window_right = 0;
