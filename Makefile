@@ -132,6 +132,9 @@ $(BUILD)/flashattn: $(CLI_OBJ) $(BUILD)/libflashattn.a
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON) $(BUILD)/libflashattn.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $< $(TEST_COMMON) $(BUILD)/libflashattn.a $(LDLIBS)
 
+# The allocation-failure test replaces the library's malloc with its own (see tests/test_alloc.c).
+$(BUILD)/tests/test_alloc: ALL_LDFLAGS += -Wl,--wrap=malloc
+
 run: all
 	$(BUILD)/flashattn run
 
