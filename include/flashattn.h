@@ -54,6 +54,13 @@
  * Memory spaces: the CPU and reference backends take host pointers; the CUDA and naive backends take device
  * pointers for every array, cu_seqlens and alibi_slopes included. The library never frees what it is given.
  *
+ * Memory checks (every backend, from the pointers' values): each pointer must be aligned to its elements (4
+ * bytes for f32, lse, alibi_slopes and cu_seqlens, 2 for f16/bf16); a view whose last byte lies more than
+ * INT64_MAX bytes past its start is refused; an output may share no byte with another output or with an
+ * input, where an array's bytes are the whole range from its first to its last element (lse: the rows x
+ * heads_q floats), so views interleaved in one buffer count as overlapping. Inputs may share memory (q, k
+ * and v in one buffer, or even the same pointer).
+ *
  * Errors: every call returns an fa_status. On failure nothing has been written to any output, and
  * fa_last_error() holds a message naming the offending field and value (per thread).
  *
@@ -189,7 +196,9 @@ typedef struct fa_exec {
     fa_backend backend;
     fa_kernel  kernel;
     int32_t    device;      /* CUDA device ordinal; -1 = the calling thread's current device */
-    int32_t    num_threads; /* CPU threads; 0 = OpenMP's default */
+    /* CPU threads; 0 = OpenMP's default. Capped at omp_get_thread_limit(), at 256 (or the processor count
+     * if larger) and at the call's number of tasks (blocks of query rows or keys times heads). */
+    int32_t    num_threads;
     void      *stream;      /* cudaStream_t; NULL = the legacy default stream */
     /* Scratch memory in the backend's memory space, at least fa_workspace_size() bytes, at any alignment (the
      * size includes the slack to align it), holding anything. NULL: the library allocates and frees it within
