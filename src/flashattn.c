@@ -222,6 +222,7 @@ static fa_status check_output(const fa_tensor *t, const char *name, int64_t batc
                 dim[a]      = dim[b];
                 dim[b]      = tmp;
             }
+    if (rows == 0 || heads == 0 || batch == 0) return FA_OK; /* no element at all (a varlen batch of no rows) */
     int64_t span = head_dim; /* elements covered by the dimensions below the current one */
     for (int a = 0; a < 3; a++) {
         if (dim[a].extent <= 1) continue;

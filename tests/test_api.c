@@ -278,7 +278,8 @@ static void invalid_arguments(void) {
 
 /* ---- accepted limits ---- */
 
-/* Inputs may share memory; any thread count is capped, not fatal, and does not change the forward's bits. */
+/* Inputs may share memory; an output without elements may have any strides; any thread count is capped, not
+ * fatal, and does not change the forward's bits. */
 static void limits(void) {
     if (!th_selected("limits")) return;
     fa_exec x;
@@ -288,6 +289,15 @@ static void limits(void) {
     p.v = p.k;
     fa_status st = fa_fwd(&p, &x);
     th_check(st == FA_OK, "limits: v and k on the same memory (inputs) -> %s \"%s\"", fa_status_name(st), fa_last_error());
+
+    /* a varlen batch of no query rows has no output element: any output stride is fine */
+    static const int32_t no_rows[5] = { 0, 0, 0, 0, 0 };
+    p = base_varlen.p;
+    p.cu_seqlens_q = no_rows, p.total_q = 0;
+    p.o.stride_seq = p.o.stride_head = 0;
+    st = fa_fwd(&p, &x);
+    th_check(st == FA_OK, "limits: varlen without query rows, output strides 0 -> %s \"%s\"", fa_status_name(st),
+             fa_last_error());
 
     const size_t bytes = sizeof(float) * (size_t)base.o.elems;
     unsigned char *one = malloc(bytes), *many = malloc(bytes);
