@@ -10,6 +10,7 @@
 #include <omp.h>
 #endif
 
+#ifdef _OPENMP
 /* Tasks of the call's widest parallel loop: forward, the K/V packing (kv heads x key blocks) or the query
  * blocks (heads x query blocks); backward, the dQ passes (heads x query blocks) or the key-block chunks
  * (batch x kv heads x the longest sequence's key blocks). */
@@ -26,6 +27,7 @@ static int64_t cpu_tasks(const fa_params *p, int backward) {
     const int64_t k = backward ? (int64_t)p->batch * p->heads_kv * most : kblocks * p->heads_kv;
     return fa_max64(1, fa_max64(q, k));
 }
+#endif
 
 int fa_cpu_threads(const fa_params *p, int requested, int backward) {
 #ifdef _OPENMP
