@@ -15,8 +15,8 @@
 void *__real_malloc(size_t size);
 void *__wrap_malloc(size_t size);
 
-static int armed;   /* count the calls (and maybe fail one) only inside the library call under test */
-static long calls;  /* mallocs seen while armed */
+static int armed;    /* count the calls (and maybe fail one) only inside the library call under test */
+static long calls;   /* mallocs seen while armed */
 static long fail_at; /* 1-based call to fail; 0 = none */
 
 void *__wrap_malloc(size_t size) {
@@ -84,8 +84,8 @@ static void sweep(fa_backend be, int backward, int varlen) {
     poison(backward);
     fa_status st = call(&p, be, backward, 0);
     const long n = calls;
-    if (!th_check(st == FA_OK && n > 0, "%s %s %s: good run, %ld allocations", name, what,
-                  varlen ? "varlen" : "dense", n))
+    if (!th_check(st == FA_OK && n > 0, "%s %s %s: good run, %ld allocations", name, what, varlen ? "varlen" : "dense",
+                  n))
         return;
     int bad = 0;
     for (long k = 1; k <= n; k++) {
@@ -100,7 +100,8 @@ static void sweep(fa_backend be, int backward, int varlen) {
     }
     st = call(&p, be, backward, 0);
     if (!bad)
-        th_check(st == FA_OK, "%s %s %s: each of %ld allocations failed in turn: FA_ERR_OUT_OF_MEMORY, outputs "
+        th_check(st == FA_OK,
+                 "%s %s %s: each of %ld allocations failed in turn: FA_ERR_OUT_OF_MEMORY, outputs "
                  "untouched; then a good run",
                  name, what, varlen ? "varlen" : "dense", n);
 }

@@ -288,7 +288,8 @@ static void limits(void) {
     fa_params p = base.p;
     p.v = p.k;
     fa_status st = fa_fwd(&p, &x);
-    th_check(st == FA_OK, "limits: v and k on the same memory (inputs) -> %s \"%s\"", fa_status_name(st), fa_last_error());
+    th_check(st == FA_OK, "limits: v and k on the same memory (inputs) -> %s \"%s\"", fa_status_name(st),
+             fa_last_error());
 
     /* a varlen batch of no query rows has no output element: any output stride is fine */
     static const int32_t no_rows[5] = { 0, 0, 0, 0, 0 };
