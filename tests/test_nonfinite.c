@@ -227,9 +227,10 @@ static void alibi_cases(fa_backend be) {
     }
 }
 
-/* Backward: a NaN query row makes its dQ row and the dK, dV of every key it sees NaN; the other batch entry
- * and the other head are unchanged (the CPU backend may spread the NaN further inside the same (batch,
- * kv head), through the zero weights of masked keys, so those rows are not checked). */
+/* Backward: a non-finite value in Q, K or V makes NaN the dQ rows of every query it reaches (the query row
+ * itself; the rows that see the key) and, for a query row, the dK and dV of every key that row sees; the other
+ * batch entry and the other kv head are unchanged (the CPU backend may spread the NaN further inside the same
+ * (batch, kv head), through the zero weights of masked keys, so those rows are not checked). */
 static void backward_cases(fa_backend be) {
     setup(&clean, 1);
     if (run(&clean, be, 1) != FA_OK) {
@@ -237,19 +238,31 @@ static void backward_cases(fa_backend be) {
         return;
     }
     const int r0 = 150;
-    setup(&dirty, 1);
-    dirty.q[at(0, r0, 0) + 2] = NAN;
-    fa_status st = run(&dirty, be, 1);
-    int ok = st == FA_OK && all_nan(dirty.dq + at(0, r0, 0), D);
-    for (int j = 0; j <= r0 && ok; j++) ok = all_nan(dirty.dk + at(0, j, 0), D) && all_nan(dirty.dv + at(0, j, 0), D);
-    for (int r = 0; r < S && ok; r++) {
-        const size_t o1 = at(1, r, 0), o2 = at(0, r, 1), o3 = at(1, r, 1);
-        ok = same(dirty.dq + o1, clean.dq + o1, D) && same(dirty.dq + o2, clean.dq + o2, D) &&
-             same(dirty.dk + o3, clean.dk + o3, D) && same(dirty.dv + o2, clean.dv + o2, D) &&
-             !any_nan(dirty.dq + o3, D);
+    /* +Inf last: it makes column 0 of the queries positive, in the clean run too */
+    static const char *const site[4] = { "NaN query", "NaN key", "NaN in V", "+Inf key" };
+    for (int c = 0; c < 4; c++) {
+        setup(&dirty, 1);
+        float *target = c == 0 ? dirty.q : c == 2 ? dirty.v : dirty.k;
+        for (int r = 0; c == 3 && r < S; r++) dirty.q[at(0, r, 0)] = fabsf(dirty.q[at(0, r, 0)]) + 0.5f;
+        if (c == 3) {
+            memcpy(clean.q, dirty.q, sizeof clean.q);
+            run(&clean, be, 1);
+        }
+        target[at(0, r0, 0) + (c == 3 ? 0 : 2)] = c == 3 ? INFINITY : NAN;
+        fa_status st = run(&dirty, be, 1);
+        int ok = st == FA_OK;
+        for (int r = r0; r < (c == 0 ? r0 + 1 : S) && ok; r++) ok = all_nan(dirty.dq + at(0, r, 0), D);
+        for (int j = 0; c == 0 && j <= r0 && ok; j++)
+            ok = all_nan(dirty.dk + at(0, j, 0), D) && all_nan(dirty.dv + at(0, j, 0), D);
+        for (int r = 0; r < S && ok; r++) {
+            const size_t o1 = at(1, r, 0), o2 = at(0, r, 1), o3 = at(1, r, 1);
+            ok = same(dirty.dq + o1, clean.dq + o1, D) && same(dirty.dq + o2, clean.dq + o2, D) &&
+                 same(dirty.dk + o3, clean.dk + o3, D) && same(dirty.dv + o2, clean.dv + o2, D) &&
+                 same(dirty.dk + o1, clean.dk + o1, D) && !any_nan(dirty.dq + o3, D);
+        }
+        th_check(ok, "%s backward, %s: NaN dQ where it reaches, other batch entry and head unchanged", bname(be),
+                 site[c]);
     }
-    th_check(ok, "%s backward, NaN query row: its dQ and the dK/dV of its keys NaN, other heads/batch unchanged",
-             bname(be));
 }
 
 int main(int argc, char **argv) {
