@@ -176,7 +176,8 @@ typedef struct fa_params {
     int32_t window_right;
     float   softcap;       /* > 0: S = softcap * tanh(S / softcap) before masks and ALiBi; 0 = off */
 
-    /* ALiBi slopes, fp32: (heads_q) with alibi_batch_stride = 0, or (batch, heads_q) with stride heads_q. */
+    /* ALiBi slopes, fp32: (heads_q) with alibi_batch_stride = 0, or (batch, heads_q) with stride heads_q.
+     * Finite: the host backends refuse a NaN or Inf slope (FA_ERR_INVALID_ARGUMENT). */
     const float *alibi_slopes;
     int64_t alibi_batch_stride;
 
@@ -221,7 +222,8 @@ FA_API fa_tensor fa_tensor_contiguous(void *data, int64_t seqlen, int32_t heads,
 
 /* Checks p against exec's backend without running anything: FA_OK, or the status the call would return
  * (invalid argument, unsupported, not compiled, no device) with fa_last_error() saying why.
- * backward = 0 checks the forward, 1 the backward. Pointers are checked for NULL, not dereferenced. */
+ * backward = 0 checks the forward, 1 the backward. Pointers are checked for NULL, alignment and overlap (see
+ * "Memory checks" above); the host backends also read cu_seqlens and alibi_slopes, nothing else is read. */
 FA_API fa_status fa_check(const fa_params *p, const fa_exec *exec, int backward);
 
 /* Bytes of workspace the forward (backward = 0) or backward (1) needs for p on exec's backend. */
