@@ -1,10 +1,11 @@
 # flashattn - hand-written Makefile.
 #   make               library (static + shared) and the flashattn CLI, in build/
 #   make run           the main job: flashattn run on the best backend
-#   make test          every test: C tests (GPU tests too when a GPU is present), the install test, Python tests
+#   make test          every test: C tests (GPU tests too when a GPU is present), CLI, install and Python tests
 #   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
+#   make fuzz          the libFuzzer harness of fuzz/ for FUZZ_TIME seconds (clang), CPU and reference
 #   make install PREFIX=/usr/local [DESTDIR=...]
-#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, serial build
+#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
 #        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
 #        CFLAGS/LDFLAGS (appended).
@@ -85,7 +86,7 @@ $(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)), OpenMP $(if
 endif
 endif
 
-.PHONY: all lib run test test-c test-install test-python sanitize install uninstall ci clean format \
+.PHONY: all lib run test test-c test-cli test-install fuzz test-python sanitize install uninstall ci clean format \
         format-check readme-example FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
@@ -132,6 +133,9 @@ $(BUILD)/flashattn: $(CLI_OBJ) $(BUILD)/libflashattn.a
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON) $(BUILD)/libflashattn.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $< $(TEST_COMMON) $(BUILD)/libflashattn.a $(LDLIBS)
 
+# The allocation-failure test replaces the library's malloc with its own (see tests/test_alloc.c).
+$(BUILD)/tests/test_alloc: ALL_LDFLAGS += -Wl,--wrap=malloc
+
 run: all
 	$(BUILD)/flashattn run
 
@@ -142,6 +146,7 @@ run: all
 test: all $(TEST_BIN)
 	@failed=""; \
 	$(MAKE) --no-print-directory test-c || failed="$$failed test-c"; \
+	$(MAKE) --no-print-directory test-cli || failed="$$failed test-cli"; \
 	$(MAKE) --no-print-directory test-install || failed="$$failed test-install"; \
 	$(MAKE) --no-print-directory test-python || failed="$$failed test-python"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi
@@ -156,6 +161,10 @@ test-c: $(TEST_BIN)
 	[ $$fail -eq 0 ] || echo "failed test binaries:$$failed"; \
 	echo "c-tests$(if $(filter 1,$(SANITIZE)),-sanitize): $$pass passed, $$fail failed"; \
 	[ $$fail -eq 0 ]
+
+# The CLI's exit codes and option parsing.
+test-cli: $(BUILD)/flashattn
+	@echo "== tests/cli.sh"; sh tests/cli.sh $(BUILD)/flashattn
 
 # Installs into a temporary prefix, then builds the README's example and tests/test_example.c against it
 # with pkg-config, once with the shared and once with the static library, and runs them.
@@ -200,6 +209,32 @@ test-python: lib
 	  $(PYTHON) -m pytest -q python/tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "python-tests: no tests collected"; exit 0; fi; exit $$rc
 
+# libFuzzer harness (fuzz/fuzz_attention.c) over validation, the CPU backend and the reference, built with clang
+# under ASan + UBSan without OpenMP, run for FUZZ_TIME seconds or FUZZ_RUNS inputs, whichever comes first. New
+# inputs go to $(BUILD)/fuzz/corpus; fuzz/corpus holds the committed seeds. Skipped with a message when clang
+# cannot link -fsanitize=fuzzer.
+FUZZ_CC   ?= clang
+FUZZ_TIME ?= 120
+FUZZ_RUNS ?= 1000000
+FUZZ_SEED ?= 1
+FUZZ_BIN   = $(BUILD)/fuzz/fuzz_attention
+FUZZ_FLAGS = -std=c11 -O1 -g -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+             -fno-omit-frame-pointer -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc $(if $(filter 1,$(NATIVE)),-march=native)
+$(FUZZ_BIN): fuzz/fuzz_attention.c $(wildcard src/*.c src/reference/*.c src/cpu/*.c) cli/verify.c \
+             $(wildcard include/*.h src/*.h src/*/*.h cli/verify.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lm
+fuzz:
+	@if ! printf 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }\n' | \
+	     $(FUZZ_CC) -x c -fsanitize=fuzzer -o /dev/null - 2>/dev/null; then \
+	  echo "fuzz: skipped ($(FUZZ_CC) with libFuzzer (-fsanitize=fuzzer) not found)"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(FUZZ_BIN) && mkdir -p $(BUILD)/fuzz/corpus && \
+	$(FUZZ_BIN) $(BUILD)/fuzz/corpus fuzz/corpus -max_total_time=$(FUZZ_TIME) -runs=$(FUZZ_RUNS) \
+	  -seed=$(FUZZ_SEED) -max_len=128 -timeout=30 -print_final_stats=1 > $(BUILD)/fuzz/log 2>&1; rc=$$?; \
+	grep -Ev '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)' $(BUILD)/fuzz/log | tail -n 60; \
+	echo "fuzz: $$([ $$rc -eq 0 ] && echo passed || echo FAILED) (libFuzzer exit $$rc, log $(BUILD)/fuzz/log)"; \
+	exit $$rc
+
 SANITIZE_BUILD ?= $(BUILD)/sanitize
 sanitize:
 	@ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
@@ -211,9 +246,10 @@ ci:
 	@failed=""; \
 	$(MAKE) --no-print-directory test || failed="$$failed test"; \
 	$(MAKE) --no-print-directory sanitize || failed="$$failed sanitize"; \
+	$(MAKE) --no-print-directory fuzz || failed="$$failed fuzz"; \
 	$(MAKE) --no-print-directory BUILD=$(SERIAL_BUILD) OMP=0 FA_CUDA=0 NVCC= all || failed="$$failed serial-build"; \
 	if [ -n "$$failed" ]; then echo "make ci: FAILED:$$failed"; exit 1; fi; \
-	echo "make ci: test, sanitize and the serial build passed"
+	echo "make ci: test, sanitize, fuzz and the serial build passed"
 
 # ---------------------------------------------------------------------------------------------------------
 # Install

@@ -267,7 +267,7 @@ static int bench_sweep(cli_options *o, int warmup, int repeats) {
         npeers = peers_read(o->peers, &peers, err, sizeof err);
         if (npeers < 0) {
             fprintf(stderr, "flashattn: --peers: %s\n", err);
-            return EXIT_USAGE;
+            return npeers == -2 ? EXIT_RUNTIME : EXIT_USAGE;
         }
     }
     FILE *csv = NULL;

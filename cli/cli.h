@@ -86,7 +86,8 @@ typedef struct peer_record {
     double tflops;
 } peer_record;
 
-/* Reads the JSON list of records; returns the count (and *out, to free) or -1 with a message in err. */
+/* Reads the JSON list of records; returns the count (and *out, to free), or with a message in err -1 when
+ * the text is not such a list and -2 when the file cannot be read (an I/O failure, exit code 4). */
 int peers_read(const char *path, peer_record **out, char *err, int err_size);
 
 #endif /* FLASHATTN_CLI_CLI_H */

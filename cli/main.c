@@ -168,31 +168,33 @@ fa_exec cli_exec(const cli_options *o, fa_backend b) {
 int cli_make_problem(const cli_options *o, fa_backend b, int backward, vf_problem *pr) {
     vf_config c;
     cli_config(o, &c);
+    /* The shape first, on placeholder pointers, so that an invalid or unsupported one is refused (exit 2 or 3)
+     * before anything is allocated. The placeholders are never dereferenced (no ALiBi slopes or cu_seqlens,
+     * which a host backend would read): distinct, aligned addresses 2^44 bytes apart, so that the views of any
+     * problem under the size limit below (2^40 elements) do not overlap in the library's memory checks. */
+    fa_params p;
+    fa_params_init(&p, c.dtype, c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim);
+    p.softmax_scale = c.scale;
+    p.causal = c.causal, p.window_left = c.window_left, p.window_right = c.window_right, p.softcap = c.softcap;
+    p.deterministic = c.deterministic;
+    fa_tensor *views[8] = { &p.q, &p.k, &p.v, &p.o, &p.dout, &p.dq, &p.dk, &p.dv };
+    for (int i = 0; i < 8; i++) {
+        const int query = i == 0 || i == 3 || i == 4 || i == 5;
+        *views[i] = fa_tensor_contiguous((void *)((uintptr_t)(i + 1) << 44), query ? c.seqlen_q : c.seqlen_k,
+                                         query ? c.heads_q : c.heads_kv, c.head_dim);
+    }
+    p.lse = (float *)((uintptr_t)9 << 44);
+    fa_exec x = cli_exec(o, FA_BACKEND_REFERENCE);
+    fa_status st = fa_check(&p, &x, backward);
+    if (st != FA_OK)
+        return cli_report_status(st, st == FA_ERR_INVALID_ARGUMENT ? "invalid problem" : "not supported",
+                                 fa_last_error());
     const double elems =
         ((double)c.batch * c.seqlen_q * c.heads_q + (double)c.batch * c.seqlen_k * c.heads_kv) * c.head_dim;
     if (elems > 0x1p40) {
         fprintf(stderr, "flashattn: the problem is too large: %.3g elements in q and k alone\n", elems);
         return EXIT_RUNTIME;
     }
-    /* the shape first, on placeholder pointers, so that an invalid one is refused before allocating */
-    fa_params p;
-    fa_params_init(&p, c.dtype, c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim);
-    p.softmax_scale = c.scale;
-    p.causal = c.causal, p.window_left = c.window_left, p.window_right = c.window_right, p.softcap = c.softcap;
-    p.deterministic = c.deterministic;
-    static float placeholder[64];
-    float slopes[1] = { 0 };
-    if (c.alibi) p.alibi_slopes = slopes;
-    fa_tensor tq = fa_tensor_contiguous(placeholder, c.seqlen_q, c.heads_q, c.head_dim);
-    fa_tensor tk = fa_tensor_contiguous(placeholder, c.seqlen_k, c.heads_kv, c.head_dim);
-    p.q = p.o = p.dout = p.dq = tq;
-    p.k = p.v = p.dk = p.dv = tk;
-    p.lse = placeholder;
-    fa_exec x = cli_exec(o, FA_BACKEND_REFERENCE);
-    fa_status st = fa_check(&p, &x, backward);
-    if (st != FA_OK)
-        return cli_report_status(st, st == FA_ERR_INVALID_ARGUMENT ? "invalid problem" : "not supported",
-                                 fa_last_error());
 
     st = vf_problem_create(pr, &c);
     if (st != FA_OK) return cli_report_status(st, "cannot build the problem", pr->error);
@@ -309,9 +311,13 @@ static void parse_backends(cli_options *o, const char *opt, const char *list) {
 static void parse_window(cli_options *o, const char *opt, const char *s) {
     const char *comma = strchr(s, ',');
     if (!comma) bad_usage("%s: expected L,R (e.g. 256,0; -1 = unbounded), got '%s'", opt, s);
-    char left[32];
-    snprintf(left, sizeof left, "%.*s", (int)(comma - s), s);
+    char *left = strndup(s, (size_t)(comma - s)); /* whole: a fixed buffer would cut a long number short */
+    if (!left) {
+        fprintf(stderr, "flashattn: %s: out of memory\n", opt);
+        exit(EXIT_RUNTIME);
+    }
     o->window_left = (int32_t)parse_int(opt, left, -1, INT32_MAX);
+    free(left);
     o->window_right = (int32_t)parse_int(opt, comma + 1, -1, INT32_MAX);
 }
 

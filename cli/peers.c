@@ -4,6 +4,7 @@
  * its own (strings, numbers, true/false/null, nested lists and objects are skipped); unknown fields are
  * ignored, and records without an impl, pass or tflops are dropped.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,8 +177,8 @@ int peers_read(const char *path, peer_record **out, char *err, int err_size) {
     err[0] = '\0';
     FILE *f = fopen(path, "rb");
     if (!f) {
-        snprintf(err, (size_t)err_size, "cannot open %s", path);
-        return -1;
+        snprintf(err, (size_t)err_size, "cannot open %s: %s", path, strerror(errno));
+        return -2;
     }
     char *text = NULL;
     size_t len = 0, cap = 0;
@@ -189,13 +190,19 @@ int peers_read(const char *path, peer_record **out, char *err, int err_size) {
                 free(text);
                 fclose(f);
                 snprintf(err, (size_t)err_size, "%s is too large", path);
-                return -1;
+                return -2;
             }
             text = grow;
         }
         size_t n = fread(text + len, 1, cap - len, f);
         len += n;
         if (n == 0) break;
+    }
+    if (ferror(f)) {
+        snprintf(err, (size_t)err_size, "cannot read %s", path);
+        free(text);
+        fclose(f);
+        return -2;
     }
     fclose(f);
 

@@ -28,6 +28,21 @@
  *
  * A row that sees no key (fully masked, or seqlen_k = 0 in a varlen batch) gets O = 0, LSE = -inf and zero
  * gradients. (flash-attn 2.x writes LSE = +inf there; FA3, cuDNN and FlashInfer write -inf, as we do.)
+ * Whether a row is empty is decided by the mask alone, never by the values.
+ *
+ * Non-finite values (CPU and reference backends; the GPU backends are not held to this):
+ *   - a NaN among a row's visible scores (from a NaN in Q or K, or NaN * 0 in Q.K) makes its O and LSE NaN;
+ *   - a +Inf visible score makes its O and LSE NaN (IEEE softmax: Inf - Inf); a -Inf score is a key of
+ *     weight 0, and a row whose visible scores are all -Inf is NaN (not empty);
+ *   - scores are fp32 on the CPU backend and fp64 on the reference: where Q.K overflows fp32 the CPU row
+ *     is NaN and the reference's is right; such a row is never reported empty;
+ *   - a NaN or Inf anywhere in a V row makes the whole O row NaN of every query that sees that key (its LSE
+ *     stays as computed from the scores); rows that do not see the key are not affected;
+ *   - softmax_scale and softcap must be finite (FA_ERR_INVALID_ARGUMENT otherwise), and so must ALiBi
+ *     slopes on the host backends, which read them during validation;
+ *   - backward: the rows whose O, LSE or dO is NaN get NaN in dQ, and the keys they see NaN in dK and dV;
+ *     on the CPU backend the NaN may spread to more gradients of the same (batch, kv head) (a NaN times the
+ *     zero weight of a masked key inside a block product), never to other batch entries or kv heads.
  *
  * GQA / MQA: query head h reads key/value head h / (heads_q / heads_kv); the backward sums dK and dV over
  * the query heads of a group.
@@ -38,6 +53,13 @@
  *
  * Memory spaces: the CPU and reference backends take host pointers; the CUDA and naive backends take device
  * pointers for every array, cu_seqlens and alibi_slopes included. The library never frees what it is given.
+ *
+ * Memory checks (every backend, from the pointers' values): each pointer must be aligned to its elements (4
+ * bytes for f32, lse, alibi_slopes and cu_seqlens, 2 for f16/bf16); a view whose last byte lies more than
+ * INT64_MAX bytes past its start is refused; an output may share no byte with another output or with an
+ * input, where an array's bytes are the whole range from its first to its last element (lse: the rows x
+ * heads_q floats), so views interleaved in one buffer count as overlapping. Inputs may share memory (q, k
+ * and v in one buffer, or even the same pointer).
  *
  * Errors: every call returns an fa_status. On failure nothing has been written to any output, and
  * fa_last_error() holds a message naming the offending field and value (per thread).
@@ -154,7 +176,8 @@ typedef struct fa_params {
     int32_t window_right;
     float   softcap;       /* > 0: S = softcap * tanh(S / softcap) before masks and ALiBi; 0 = off */
 
-    /* ALiBi slopes, fp32: (heads_q) with alibi_batch_stride = 0, or (batch, heads_q) with stride heads_q. */
+    /* ALiBi slopes, fp32: (heads_q) with alibi_batch_stride = 0, or (batch, heads_q) with stride heads_q.
+     * Finite: the host backends refuse a NaN or Inf slope (FA_ERR_INVALID_ARGUMENT). */
     const float *alibi_slopes;
     int64_t alibi_batch_stride;
 
@@ -174,7 +197,9 @@ typedef struct fa_exec {
     fa_backend backend;
     fa_kernel  kernel;
     int32_t    device;      /* CUDA device ordinal; -1 = the calling thread's current device */
-    int32_t    num_threads; /* CPU threads; 0 = OpenMP's default */
+    /* CPU threads; 0 = OpenMP's default. Capped at omp_get_thread_limit(), at 256 (or the processor count
+     * if larger) and at the call's number of tasks (blocks of query rows or keys times heads). */
+    int32_t    num_threads;
     void      *stream;      /* cudaStream_t; NULL = the legacy default stream */
     /* Scratch memory in the backend's memory space, at least fa_workspace_size() bytes, at any alignment (the
      * size includes the slack to align it), holding anything. NULL: the library allocates and frees it within
@@ -197,7 +222,8 @@ FA_API fa_tensor fa_tensor_contiguous(void *data, int64_t seqlen, int32_t heads,
 
 /* Checks p against exec's backend without running anything: FA_OK, or the status the call would return
  * (invalid argument, unsupported, not compiled, no device) with fa_last_error() saying why.
- * backward = 0 checks the forward, 1 the backward. Pointers are checked for NULL, not dereferenced. */
+ * backward = 0 checks the forward, 1 the backward. Pointers are checked for NULL, alignment and overlap (see
+ * "Memory checks" above); the host backends also read cu_seqlens and alibi_slopes, nothing else is read. */
 FA_API fa_status fa_check(const fa_params *p, const fa_exec *exec, int backward);
 
 /* Bytes of workspace the forward (backward = 0) or backward (1) needs for p on exec's backend. */

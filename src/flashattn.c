@@ -222,13 +222,16 @@ static fa_status check_output(const fa_tensor *t, const char *name, int64_t batc
                 dim[a]      = dim[b];
                 dim[b]      = tmp;
             }
+    if (rows == 0 || heads == 0 || batch == 0) return FA_OK; /* no element at all (a varlen batch of no rows) */
     int64_t span = head_dim; /* elements covered by the dimensions below the current one */
     for (int a = 0; a < 3; a++) {
         if (dim[a].extent <= 1) continue;
         if (dim[a].stride < span)
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) makes output elements overlap (needs >= %lld)",
                            name, dim[a].field, (long long)dim[a].stride, (long long)span);
-        span = dim[a].stride * dim[a].extent;
+        if (__builtin_mul_overflow(dim[a].stride, dim[a].extent, &span))
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) times %lld overflows int64", name, dim[a].field,
+                           (long long)dim[a].stride, (long long)dim[a].extent);
     }
     return FA_OK;
 }
@@ -253,6 +256,126 @@ static fa_status check_cu_seqlens(const int32_t *cu, const char *name, int32_t b
 
 static int host_backend(fa_backend b) {
     return b == FA_BACKEND_CPU || b == FA_BACKEND_REFERENCE;
+}
+
+/* The bytes [lo, hi) an array can reach; lo == hi when it reaches none. */
+typedef struct span {
+    uintptr_t   lo, hi;
+    const char *name;
+    int         output;
+} span;
+
+/* The span of a (batch, rows, heads, head_dim) view: strides are non-negative (checked before), so the last
+ * byte is at the sum of (extent - 1) * stride. Every product and sum is checked: an offset past INT64_MAX
+ * bytes (or past the end of the address space) would wrap inside the backends' int64 index arithmetic. */
+static fa_status tensor_span(const fa_tensor *t, const char *name, int64_t batch, int64_t rows, int64_t heads,
+                             int64_t head_dim, int64_t elem, int varlen, int output, span *out) {
+    out->name = name, out->output = output;
+    out->lo = out->hi = (uintptr_t)t->data;
+    if (!t->data || batch == 0 || rows == 0 || heads == 0) return FA_OK;
+    const int64_t     ext[4]    = {varlen ? 1 : batch, rows, heads, head_dim};
+    const int64_t     stride[4] = {varlen ? 0 : t->stride_batch, t->stride_seq, t->stride_head, 1};
+    static const char *field[4] = {"stride_batch", "stride_seq", "stride_head", "head_dim"};
+    int64_t last = 0, term, bytes, largest = -1;
+    int     big = 0; /* the dimension of the largest term: the one to name when the bytes overflow */
+    for (int a = 0; a < 4; a++) {
+        if (__builtin_mul_overflow(ext[a] - 1, stride[a], &term) || __builtin_add_overflow(last, term, &last))
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) times %lld overflows the tensor's int64 extent",
+                           name, field[a], (long long)stride[a], (long long)(ext[a] - 1));
+        if (term > largest) largest = term, big = a;
+    }
+    if (__builtin_add_overflow(last, 1, &last) || __builtin_mul_overflow(last, elem, &bytes) ||
+        (uintptr_t)t->data + (uintptr_t)bytes < (uintptr_t)t->data)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) puts the tensor's last byte beyond the int64 range",
+                       name, field[big], (long long)stride[big]);
+    out->hi = (uintptr_t)t->data + (uintptr_t)bytes;
+    return FA_OK;
+}
+
+/* The span of `count` elements (count <= 0: none; NULL data: none, reported elsewhere). */
+static fa_status flat_span(const void *data, int64_t count, int64_t elem, const char *name, int output, span *out) {
+    int64_t bytes;
+    out->name = name, out->output = output;
+    out->lo = out->hi = (uintptr_t)data;
+    if (!data || count <= 0) return FA_OK;
+    if (__builtin_mul_overflow(count, elem, &bytes) || (uintptr_t)data + (uintptr_t)bytes < (uintptr_t)data)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s: %lld elements overflow the int64 byte range", name,
+                       (long long)count);
+    out->hi = (uintptr_t)data + (uintptr_t)bytes;
+    return FA_OK;
+}
+
+/* A pointer must be aligned to its elements (the backends read them as float, uint16_t and int32_t). */
+static fa_status check_aligned(const void *ptr, size_t align, const char *name) {
+    if ((uintptr_t)ptr % align)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s (%p) is not aligned to its %zu-byte elements", name, ptr, align);
+    return FA_OK;
+}
+
+/* Sizes, strides, alignment and overlap of every array of the call. An output may share no byte with another
+ * output or with an input (the backends read inputs while writing outputs, in any order); inputs may share
+ * memory with each other (q == k == v is fine). Spans are whole [first, last] byte ranges, so two views
+ * interleaved in one buffer count as overlapping. */
+static fa_status check_memory(const fa_params *p, int backward) {
+    const int     varlen = p->cu_seqlens_q != NULL;
+    const int64_t es = (int64_t)fa_dtype_size(p->dtype), b = p->batch;
+    const int64_t rows_q = varlen ? p->total_q : p->seqlen_q, rows_k = varlen ? p->total_k : p->seqlen_k;
+    int64_t       lse_n;
+    if (__builtin_mul_overflow(varlen ? 1 : b, (int64_t)p->heads_q, &lse_n) ||
+        __builtin_mul_overflow(lse_n, varlen ? p->total_q : p->seqlen_q, &lse_n))
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "lse: batch * heads_q * rows overflows int64");
+    span          sp[12];
+    int           n = 0;
+    fa_status     st;
+    struct {
+        const fa_tensor *t;
+        const char      *name;
+        int64_t          rows, heads;
+        int              output, used;
+    } views[] = {
+        {&p->q, "q", rows_q, p->heads_q, 0, 1},          {&p->k, "k", rows_k, p->heads_kv, 0, 1},
+        {&p->v, "v", rows_k, p->heads_kv, 0, 1},         {&p->o, "o", rows_q, p->heads_q, !backward, 1},
+        {&p->dout, "dout", rows_q, p->heads_q, 0, backward}, {&p->dq, "dq", rows_q, p->heads_q, 1, backward},
+        {&p->dk, "dk", rows_k, p->heads_kv, 1, backward}, {&p->dv, "dv", rows_k, p->heads_kv, 1, backward},
+    };
+    for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
+        if (!views[i].used) continue;
+        char what[16];
+        snprintf(what, sizeof what, "%s.data", views[i].name);
+        if ((st = check_aligned(views[i].t->data, (size_t)es, what)) ||
+            (st = tensor_span(views[i].t, views[i].name, b, views[i].rows, views[i].heads, p->head_dim, es, varlen,
+                              views[i].output, &sp[n++])))
+            return st;
+    }
+    if (p->lse) {
+        if ((st = check_aligned(p->lse, 4, "lse"))) return st;
+        if ((st = flat_span(p->lse, lse_n, 4, "lse", !backward, &sp[n++]))) return st;
+    }
+    if (p->alibi_slopes) {
+        if ((st = check_aligned(p->alibi_slopes, 4, "alibi_slopes"))) return st;
+        int64_t count = 0; /* alibi_batch_stride is either 0 or in [heads_q, ...) */
+        if (p->alibi_batch_stride && __builtin_mul_overflow(b - 1, p->alibi_batch_stride, &count))
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_batch_stride (%lld) times batch - 1 overflows int64",
+                           (long long)p->alibi_batch_stride);
+        if (__builtin_add_overflow(count, (int64_t)p->heads_q, &count))
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_slopes: the last slope's index overflows int64");
+        if ((st = flat_span(p->alibi_slopes, count, 4, "alibi_slopes", 0, &sp[n++]))) return st;
+    }
+    if (varlen) {
+        if ((st = check_aligned(p->cu_seqlens_q, 4, "cu_seqlens_q")) ||
+            (st = check_aligned(p->cu_seqlens_k, 4, "cu_seqlens_k")))
+            return st;
+        if ((st = flat_span(p->cu_seqlens_q, b + 1, 4, "cu_seqlens_q", 0, &sp[n++])) ||
+            (st = flat_span(p->cu_seqlens_k, b + 1, 4, "cu_seqlens_k", 0, &sp[n++])))
+            return st;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if ((sp[i].output || sp[j].output) && sp[i].lo < sp[i].hi && sp[j].lo < sp[j].hi &&
+                sp[i].lo < sp[j].hi && sp[j].lo < sp[i].hi)
+                return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s and %s overlap in memory (%s is an output)", sp[i].name,
+                               sp[j].name, sp[i].output ? sp[i].name : sp[j].name);
+    return FA_OK;
 }
 
 /* Checks everything that does not depend on the backend, and the host-readable arrays of host backends.
@@ -312,10 +435,22 @@ static fa_status validate(const fa_params *p, fa_backend backend, int backward, 
             (st = check_output(&p->dv, "dv", p->batch, rows_k, p->heads_kv, p->head_dim, varlen)))
             return st;
     }
+    if ((st = check_memory(p, backward))) return st;
     if (varlen && host_backend(backend)) {
         if ((st = check_cu_seqlens(p->cu_seqlens_q, "cu_seqlens_q", p->batch, p->seqlen_q, p->total_q)) ||
             (st = check_cu_seqlens(p->cu_seqlens_k, "cu_seqlens_k", p->batch, p->seqlen_k, p->total_k)))
             return st;
+    }
+
+    if (p->alibi_slopes && host_backend(backend)) {
+        const int64_t nb = p->alibi_batch_stride ? p->batch : 1;
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t h = 0; h < p->heads_q; h++) {
+                float sl = p->alibi_slopes[b * p->alibi_batch_stride + h];
+                if (!isfinite(sl))
+                    return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_slopes[%lld] (%g) is not finite",
+                                   (long long)(b * p->alibi_batch_stride + h), (double)sl);
+            }
     }
 
     *r = *p;

@@ -176,11 +176,12 @@ fa_status fa_reference_bwd(const fa_params *p);
 /* The reference's fp64 core on contiguous packed arrays, for tests (finite differences) and the CLI.
  * Layouts: q/o/dout/dq (tokens_q, heads_q, head_dim), k/v/dk/dv (tokens_k, heads_kv, head_dim), where
  * tokens = batch * seqlen (dense) or total (varlen), and lse as in fa_params. Only the sizes and options of
- * p are read. dq/dk/dv are overwritten. */
-void fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
-                          double *lse);
-void fa_reference_bwd_f64(const fa_params *p, const double *q, const double *k, const double *v,
-                          const double *dout, double *dq, double *dk, double *dv);
+ * p are read. dq/dk/dv are overwritten. FA_ERR_OUT_OF_MEMORY, with the outputs incomplete, when the row
+ * scratch cannot be allocated. */
+fa_status fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
+                               double *lse);
+fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double *k, const double *v,
+                               const double *dout, double *dq, double *dk, double *dv);
 
 /* FlashAttention-2 on the CPU. ws may be NULL (the backend allocates). */
 size_t    fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward);

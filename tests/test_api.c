@@ -129,6 +129,21 @@ MUTATION(m_dk_null, p->dk.data = NULL)
 MUTATION(m_dv_null, p->dv.data = NULL)
 MUTATION(m_dk_overlap, p->dk.stride_head = 1)
 MUTATION(m_total_q_neg, p->total_q = -1)
+MUTATION(m_o_extent, p->o.stride_batch = INT64_MAX / 2)
+MUTATION(m_q_extent, p->q.stride_seq = INT64_MAX / 8)
+MUTATION(m_k_bytes, p->k.stride_head = INT64_MAX / 4) /* fits in elements, not in bytes */
+MUTATION(m_dq_extent, p->dq.stride_batch = INT64_MAX / 2)
+MUTATION(m_q_misaligned, p->q.data = (char *)p->q.data + 1)
+MUTATION(m_v_misaligned, p->v.data = (char *)p->v.data + 2)
+MUTATION(m_lse_misaligned, p->lse = (float *)((char *)p->lse + 1))
+MUTATION(m_dv_misaligned, p->dv.data = (char *)p->dv.data + 3)
+MUTATION(m_o_is_q, p->o = p->q)
+MUTATION(m_o_in_v, p->o.data = p->v.data)
+MUTATION(m_lse_in_o, p->lse = (float *)p->o.data + 3)
+MUTATION(m_dq_is_dk, p->dk.data = p->dq.data)
+MUTATION(m_dv_in_dout, p->dv.data = (float *)p->dout.data + 8)
+MUTATION(m_dk_in_lse, p->dk.data = p->lse)
+MUTATION(m_dq_is_o, p->dq = p->o)
 MUTATION(m_total_k_neg, p->total_k = -4)
 
 /* varlen mutations that need to write cu_seqlens: work on a copy */
@@ -193,6 +208,15 @@ static void invalid_arguments(void) {
         { "exec.workspace without bytes", m_ws_zero, I, "workspace" },
         { "exec.kernel 7", m_kernel, I, "kernel" },
         { "exec.backend 42", m_backend, I, "backend" },
+        { "o.stride_batch INT64_MAX/2", m_o_extent, I, "o.stride_batch" },
+        { "q.stride_seq INT64_MAX/8", m_q_extent, I, "q.stride_seq" },
+        { "k.stride_head in bytes", m_k_bytes, I, "k.stride_head" },
+        { "q misaligned", m_q_misaligned, I, "q.data" },
+        { "v misaligned", m_v_misaligned, I, "v.data" },
+        { "lse misaligned", m_lse_misaligned, I, "lse" },
+        { "o is q", m_o_is_q, I, "q and o overlap" },
+        { "o on v", m_o_in_v, I, "v and o overlap" },
+        { "lse inside o", m_lse_in_o, I, "o and lse overlap" },
     };
     for (size_t i = 0; i < sizeof fwd / sizeof fwd[0]; i++)
         expect_error(fwd[i].name, 0, 0, fwd[i].fn, fwd[i].want, fwd[i].field);
@@ -210,6 +234,12 @@ static void invalid_arguments(void) {
         { "dk heads overlap", m_dk_overlap, "dk.stride" },
         { "heads_q 4 / heads_kv 3", m_heads_ratio, "heads" },
         { "causal 2", m_causal2, "causal" },
+        { "dq.stride_batch INT64_MAX/2", m_dq_extent, "dq.stride_batch" },
+        { "dv misaligned", m_dv_misaligned, "dv.data" },
+        { "dk is dq", m_dq_is_dk, "dq and dk overlap" },
+        { "dv inside dout", m_dv_in_dout, "dout and dv overlap" },
+        { "dk on lse", m_dk_in_lse, "dk and lse overlap" },
+        { "dq is o", m_dq_is_o, "o and dq overlap" },
     };
 
     struct {
@@ -244,6 +274,55 @@ static void invalid_arguments(void) {
         th_check(a == FA_ERR_INVALID_ARGUMENT && b == a && c == a && strstr(fa_last_error(), "params"),
                  "invalid NULL params: fa_fwd/fa_bwd/fa_check -> %s \"%s\"", fa_status_name(a), fa_last_error());
     }
+}
+
+/* ---- accepted limits ---- */
+
+/* Inputs may share memory; an output without elements may have any strides; any thread count is capped, not
+ * fatal, and does not change the forward's bits. */
+static void limits(void) {
+    if (!th_selected("limits")) return;
+    fa_exec x;
+    memset(&x, 0, sizeof x);
+    x.backend = FA_BACKEND_CPU;
+    fa_params p = base.p;
+    p.v = p.k;
+    fa_status st = fa_fwd(&p, &x);
+    th_check(st == FA_OK, "limits: v and k on the same memory (inputs) -> %s \"%s\"", fa_status_name(st),
+             fa_last_error());
+
+    /* a varlen batch of no query rows has no output element: any output stride is fine */
+    static const int32_t no_rows[5] = { 0, 0, 0, 0, 0 };
+    p = base_varlen.p;
+    p.cu_seqlens_q = no_rows, p.total_q = 0;
+    p.o.stride_seq = p.o.stride_head = 0;
+    st = fa_fwd(&p, &x);
+    th_check(st == FA_OK, "limits: varlen without query rows, output strides 0 -> %s \"%s\"", fa_status_name(st),
+             fa_last_error());
+
+    const size_t bytes = sizeof(float) * (size_t)base.o.elems;
+    unsigned char *one = malloc(bytes), *many = malloc(bytes);
+    x.num_threads = 1;
+    st = fa_fwd(&base.p, &x);
+    if (one) memcpy(one, base.o.host, bytes);
+    const int32_t counts[3] = { 40000, 100000, INT32_MAX };
+    for (int i = 0; i < 3; i++) {
+        size_t ws_many = 0, ws_tasks = 0;
+        x.num_threads = counts[i];
+        fa_status a = fa_workspace_size(&base.p, &x, 1, &ws_many);
+        x.num_threads = base.p.batch * base.p.heads_q; /* at least the backward's tasks of this problem */
+        fa_status b = fa_workspace_size(&base.p, &x, 1, &ws_tasks);
+        x.num_threads = counts[i];
+        vf_poison_outputs(&base, 0);
+        fa_status c = fa_fwd(&base.p, &x);
+        if (many) memcpy(many, base.o.host, bytes);
+        th_check(st == FA_OK && a == FA_OK && b == FA_OK && c == FA_OK && ws_many == ws_tasks && one && many &&
+                     !memcmp(one, many, bytes),
+                 "limits: num_threads %d capped: backward workspace %zu bytes (as for the task count: %zu), forward "
+                 "%s, O as with 1 thread",
+                 counts[i], ws_many, ws_tasks, fa_status_name(c));
+    }
+    free(one), free(many);
 }
 
 /* ---- workspace ---- */
@@ -440,6 +519,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     invalid_arguments();
+    limits();
     workspace();
     strings();
     introspection();

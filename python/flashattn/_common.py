@@ -8,6 +8,23 @@ from . import _lib
 INT32_MAX = 2**31 - 1
 
 
+def int_arg(name, value, lo=0, hi=INT32_MAX):
+    """value as an int in [lo, hi], for a C integer field: ctypes would otherwise silently keep the low bits
+    (2**32 + 1 threads would become 1)."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if n != value or not lo <= n <= hi:
+        raise ValueError(f"{name} ({value!r}) must be an integer in [{lo}, {hi}]")
+    return n
+
+
+def _check_sizes(**sizes):
+    for what, n in sizes.items():
+        int_arg(what, n)
+
+
 def check_shape_ndim(name, shape, ndim, layout):
     if len(shape) != ndim:
         raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(shape)}")
@@ -28,9 +45,8 @@ def dense_sizes(q_shape, k_shape, v_shape):
         raise ValueError(f"k has head_dim {k_shape[3]} but q has head_dim {head_dim}")
     heads_kv = k_shape[2]
     _check_heads(heads_q, heads_kv)
-    for what, n in (("batch", batch), ("seqlen_q", seqlen_q), ("seqlen_k", k_shape[1]), ("head_dim", head_dim)):
-        if n > INT32_MAX:
-            raise ValueError(f"{what} ({n}) exceeds the library's int32 limit")
+    _check_sizes(batch=batch, seqlen_q=seqlen_q, seqlen_k=k_shape[1], heads_q=heads_q, heads_kv=heads_kv,
+                 head_dim=head_dim)
     return batch, seqlen_q, k_shape[1], heads_q, heads_kv, head_dim
 
 
@@ -53,6 +69,8 @@ def varlen_sizes(q_shape, k_shape, v_shape, cu_q_shape, cu_k_shape):
         raise ValueError(
             f"cu_seqlens_q has {cu_q_shape[0]} entries but cu_seqlens_k has {cu_k_shape[0]}; both must be batch + 1"
         )
+    _check_sizes(batch=cu_q_shape[0] - 1, total_q=total_q, total_k=k_shape[0], heads_q=heads_q, heads_kv=heads_kv,
+                 head_dim=head_dim)
     return cu_q_shape[0] - 1, total_q, k_shape[0], heads_q, heads_kv, head_dim
 
 

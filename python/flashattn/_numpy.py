@@ -48,7 +48,7 @@ def _backend(backend, num_threads):
     exe = _lib.Exec()
     exe.backend = _lib.BACKENDS[backend]
     exe.device = -1
-    exe.num_threads = int(num_threads)
+    exe.num_threads = _common.int_arg("num_threads", num_threads)
     return exe
 
 

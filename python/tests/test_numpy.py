@@ -470,3 +470,16 @@ def test_thread_counts_agree():
     one = flashattn.attention(q, k, v, causal=True, num_threads=1)
     two = flashattn.attention(q, k, v, causal=True, num_threads=2)
     assert max_err(one, two) < 1e-6
+
+
+def test_integers_range_checked_before_c():
+    # ctypes keeps the low 32 bits: 2**32 + 1 threads would reach the library as 1
+    q, k, v = _qkv()
+    for bad in (2**32 + 1, -1, 2**31, 1.5):
+        with pytest.raises(ValueError, match="num_threads"):
+            flashattn.attention(q, k, v, num_threads=bad)
+    from flashattn import _common
+    with pytest.raises(ValueError, match="heads_q"):
+        _common.dense_sizes((1, 4, 2**32 + 2, 8), (1, 4, 2, 8), (1, 4, 2, 8))
+    with pytest.raises(ValueError, match="total_q"):
+        _common.varlen_sizes((2**31, 2, 8), (4, 2, 8), (4, 2, 8), (2,), (2,))

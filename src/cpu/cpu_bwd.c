@@ -348,7 +348,7 @@ static void bwd_store_dq(const bwd_ctx *cx, int64_t h, int64_t qg) {
 fa_status fa_cpu_bwd(const fa_params *p, const fa_exec *x) {
     if (p->head_dim > 256 || p->head_dim % 8 != 0)
         return fa_fail(FA_ERR_UNSUPPORTED, "cpu backend: head_dim (%d) must be a multiple of 8 up to 256", p->head_dim);
-    const int threads = fa_cpu_threads(x->num_threads);
+    const int threads = fa_cpu_threads(p, x->num_threads, 1);
     bwd_layout L;
     fa_workspace ws;
     fa_status st = fa_workspace_acquire(x, bwd_layout_carve(p, threads, NULL, &L), &ws);

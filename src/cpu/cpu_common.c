@@ -10,11 +10,36 @@
 #include <omp.h>
 #endif
 
-int fa_cpu_threads(int requested) {
 #ifdef _OPENMP
-    return requested > 0 ? requested : omp_get_max_threads();
+/* Tasks of the call's widest parallel loop: forward, the K/V packing (kv heads x key blocks) or the query
+ * blocks (heads x query blocks); backward, the dQ passes (heads x query blocks) or the key-block chunks
+ * (batch x kv heads x the longest sequence's key blocks). */
+static int64_t cpu_tasks(const fa_params *p, int backward) {
+    const int64_t br = backward ? FA_BWD_BR : FA_FWD_BR, bc = backward ? FA_BWD_BC : FA_FWD_BC;
+    int64_t qblocks = 0, kblocks = 0, most = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const fa_seq s = fa_seq_get(p, b);
+        qblocks += fa_ceil_div(s.len_q, br);
+        kblocks += fa_ceil_div(s.len_k, bc);
+        most = fa_max64(most, fa_ceil_div(s.len_k, bc));
+    }
+    const int64_t q = qblocks * p->heads_q;
+    const int64_t k = backward ? (int64_t)p->batch * p->heads_kv * most : kblocks * p->heads_kv;
+    return fa_max64(1, fa_max64(q, k));
+}
+#endif
+
+int fa_cpu_threads(const fa_params *p, int requested, int backward) {
+#ifdef _OPENMP
+    int64_t n = requested > 0 ? requested : omp_get_max_threads();
+    /* more threads than OpenMP allows, than the machine can reasonably run, or than the call has tasks
+     * would only cost workspace (each thread has its scratch) and thread creation, which libgomp treats as
+     * fatal when it fails */
+    const int64_t sane = fa_max64(FA_CPU_MAX_THREADS, omp_get_num_procs());
+    n = fa_min64(n, fa_min64(omp_get_thread_limit(), sane));
+    return (int)fa_max64(1, fa_min64(n, cpu_tasks(p, backward)));
 #else
-    (void)requested;
+    (void)p, (void)requested, (void)backward;
     return 1;
 #endif
 }
@@ -46,7 +71,7 @@ void fa_workspace_release(fa_workspace *ws) {
 }
 
 size_t fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward) {
-    int threads = fa_cpu_threads(num_threads);
+    int threads = fa_cpu_threads(p, num_threads, backward);
     /* + 64: a caller's workspace need not be aligned */
     return (backward ? fa_cpu_bwd_workspace(p, threads) : fa_cpu_fwd_workspace(p, threads)) + 64;
 }

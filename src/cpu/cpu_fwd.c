@@ -33,6 +33,8 @@ typedef struct fwd_layout {
     int64_t *q_prefix, *k_prefix; /* blocks per sequence, prefix sums (batch + 1 each) */
     float *kt;                    /* K panels: (heads_kv, key blocks, FA_FWD_BC / FA_MR, head_dim, FA_MR) */
     float *v_packed;              /* V as packed fp32 rows */
+    uint8_t *v_bad;               /* (heads_kv, key tokens): the V row holds a non-finite value */
+    uint8_t *kb_bad;              /* (heads_kv, key blocks): the block holds such a row */
     char *scratch;                /* per thread, scratch_bytes each */
     size_t scratch_bytes;
 } fwd_layout;
@@ -70,6 +72,8 @@ static size_t fwd_layout_carve(const fa_params *p, int threads, char *base, fwd_
     L->k_prefix = fa_arena_take(&a, sizeof(int64_t) * (p->batch + 1));
     L->kt = fa_arena_take(&a, sizeof(float) * p->heads_kv * nkb * p->head_dim * FA_FWD_BC);
     L->v_packed = fa_arena_take(&a, sizeof(float) * p->heads_kv * fa_cpu_tokens(p, 1) * fa_cpu_row_stride(p));
+    L->v_bad = fa_arena_take(&a, (size_t)(p->heads_kv * fa_cpu_tokens(p, 1)));
+    L->kb_bad = fa_arena_take(&a, (size_t)(p->heads_kv * nkb));
     fa_arena scratch = { NULL, 0 };
     fwd_scratch_carve(p, &scratch);
     L->scratch_bytes = (scratch.used + 63) & ~(size_t)63;
@@ -89,10 +93,18 @@ typedef struct fwd_ctx {
     fa_tensor v;   /* view of the packed copy of V */
     int64_t nkb;   /* key blocks in the batch */
     int64_t group; /* heads_q / heads_kv */
+    int64_t tk;    /* key tokens of the batch */
 } fwd_ctx;
 
+/* Index of sequence b's first key among the batch's key tokens. */
+static int64_t fwd_key_token(const fa_params *p, int64_t b, const fa_seq *s) {
+    return fa_is_varlen(p) ? s->tok_k : b * p->seqlen_k;
+}
+
 /* K panels of key block kg (numbered across the batch) of kv head h, zero past the sequence, and the packed
- * copy of the block's V rows. */
+ * copy of the block's V rows. A V row with a non-finite value is packed as zeros and flagged: inside the P V
+ * product its NaN or Inf would reach, through a zero weight, rows that do not see the key (0 * Inf is NaN);
+ * the rows that do see it get O = NaN at the end (flashattn.h). */
 static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
     const fa_params *p = cx->p;
     const int64_t d = p->head_dim;
@@ -111,6 +123,18 @@ static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
         }
     }
     fa_cpu_pack_rows(p, &p->v, &cx->v, b, s.tok_k, j0, j0 + nk, h, 1.0f);
+    uint8_t any = 0;
+    for (int64_t j = 0; j < nk; j++) {
+        float *vr = (float *)cx->v.data + fa_offset(p, &cx->v, b, s.tok_k, j0 + j, h);
+        fa_vf z = fa_vset1(0.0f);
+        for (int64_t c = 0; c < d; c += FA_VL) z += fa_vload(vr + c) * 0.0f; /* NaN iff a value is not finite */
+        uint8_t bad = 0;
+        for (int l = 0; l < FA_VL; l++) bad |= z[l] != z[l];
+        if (bad) memset(vr, 0, sizeof(float) * (size_t)d);
+        cx->L->v_bad[h * cx->tk + fwd_key_token(p, b, &s) + j0 + j] = bad;
+        any |= bad;
+    }
+    cx->L->kb_bad[h * cx->nkb + kg] = any;
 }
 
 /*
@@ -220,6 +244,7 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
         sc->l[i] = 0.0f;
     }
 
+    uint8_t v_bad = 0; /* a key block of this task holds a V row with a non-finite value */
     if (jbeg < jend) {
         /* Q^T, pre-scaled, zero past the valid rows */
         float row[256];
@@ -234,10 +259,12 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
         }
         for (int64_t i = 0; i < rows; i++) memset(sc->o + i * ldo, 0, sizeof(float) * w);
         const float slope = fa_alibi_slope(p, b, h);
+        const uint8_t *kb_bad = cx->L->kb_bad + kvh * cx->nkb + cx->L->k_prefix[b];
         const float *kt = cx->L->kt + (kvh * cx->nkb + cx->L->k_prefix[b]) * d * FA_FWD_BC;
         const int64_t kb_end = fa_ceil_div(jend, FA_FWD_BC);
         for (int64_t kb = jbeg / FA_FWD_BC; kb < kb_end; kb++) {
             const int64_t j0 = kb * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
+            v_bad |= kb_bad[kb];
             /* rows before qlo see nothing of this block (their statistics stay, alpha = 1): the block's work
              * starts at c0, the multiple of FA_QALIGN at or below qlo (under a causal mask, about half of a
              * diagonal block) */
@@ -258,23 +285,34 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
         }
     }
 
+    /* A row is empty when the mask leaves it no key, never because of its sum: l is NaN after a NaN or +Inf
+     * score and 0 when every visible score is -Inf (fp32 overflow), and both rows are NaN. */
+    const uint8_t *v_bad_row = cx->L->v_bad + kvh * cx->tk + fwd_key_token(p, b, &s);
+    float nan_row[256];
+    for (int64_t c = 0; c < d; c++) nan_row[c] = __builtin_nanf("");
     for (int64_t i = 0; i < mrows; i++) {
         const int64_t oo = fa_offset(p, &p->o, b, s.tok_q, i0 + i, h);
-        const int empty = !(sc->l[i] > 0.0f);
+        const int empty = sc->lo[i] >= sc->hi[i];
+        int nan = !empty && !(sc->l[i] > 0.0f);
+        for (int64_t j = sc->lo[i]; v_bad && !nan && j < sc->hi[i]; j++) nan = v_bad_row[j];
         if (empty)
             fa_cpu_store_zero_row(p->o.data, p->dtype, oo, d);
+        else if (nan)
+            fa_cpu_store_row(p->o.data, p->dtype, oo, d, nan_row, 1.0f);
         else
             fa_cpu_store_row(p->o.data, p->dtype, oo, d, sc->o + i * ldo, 1.0f / sc->l[i]);
-        if (p->lse)
-            p->lse[fa_lse_index(p, b, s.tok_q, i0 + i, h)] =
-                empty ? -__builtin_inff() : (float)((double)sc->m[i] + log((double)sc->l[i]));
+        if (p->lse) {
+            float lse = empty ? -__builtin_inff() : (float)((double)sc->m[i] + log((double)sc->l[i]));
+            if (!empty && !(sc->l[i] > 0.0f)) lse = __builtin_nanf("");
+            p->lse[fa_lse_index(p, b, s.tok_q, i0 + i, h)] = lse;
+        }
     }
 }
 
 fa_status fa_cpu_fwd(const fa_params *p, const fa_exec *x) {
     if (p->head_dim > 256 || p->head_dim % 8 != 0)
         return fa_fail(FA_ERR_UNSUPPORTED, "cpu backend: head_dim (%d) must be a multiple of 8 up to 256", p->head_dim);
-    const int threads = fa_cpu_threads(x->num_threads);
+    const int threads = fa_cpu_threads(p, x->num_threads, 0);
     fwd_layout L;
     fa_workspace ws;
     fa_status st = fa_workspace_acquire(x, fwd_layout_carve(p, threads, NULL, &L), &ws);
@@ -289,6 +327,7 @@ fa_status fa_cpu_fwd(const fa_params *p, const fa_exec *x) {
     cx.v = fa_cpu_packed_view(p, L.v_packed, 1);
     cx.nkb = L.k_prefix[p->batch];
     cx.group = p->heads_q / p->heads_kv;
+    cx.tk = fa_cpu_tokens(p, 1);
 
     const int64_t n_pack = (int64_t)p->heads_kv * cx.nkb;
     const int64_t nqb = L.q_prefix[p->batch], heads = p->heads_q;

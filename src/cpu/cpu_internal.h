@@ -45,8 +45,11 @@ static inline int64_t fa_max64(int64_t a, int64_t b) {
     return a > b ? a : b;
 }
 
-/* Threads a call runs with: the request, or OpenMP's default for 0; 1 without OpenMP. */
-int fa_cpu_threads(int requested);
+/* Threads a call runs with: the request, or OpenMP's default for 0, capped at omp_get_thread_limit(), at
+ * FA_CPU_MAX_THREADS or the processor count if larger, and at the call's number of tasks; 1 without
+ * OpenMP. */
+#define FA_CPU_MAX_THREADS 256
+int fa_cpu_threads(const fa_params *p, int requested, int backward);
 
 /* The calling thread's index inside a parallel region (0 outside one, or without OpenMP). */
 int fa_cpu_thread_id(void);

@@ -151,8 +151,9 @@ FA_INLINE fa_vf fa_vround(fa_vf x) {
  * 2^x in fp32, vectorised. Error: at most 1 ulp against exp2() in double (1.2 ulp without FMA; measured by
  * dev/cpu_bench.c --math). fa_vexp2_nonpos is the softmax version: x is clamped to [-127, 127], and
  * x < -126.5 gives exactly 0 (the exponent field becomes 0 for n = -127), -inf included, so masked scores
- * need no special case; NaN gives 0. fa_vexp2 adds x < -126 -> 0 (no subnormal results), x > 127 -> +inf
- * and NaN -> NaN.
+ * need no special case; NaN stays NaN (the clamp's max and min return their second operand when one is NaN,
+ * so x goes second), which is how a NaN score reaches the row sum. fa_vexp2 adds x < -126 -> 0 (no subnormal
+ * results) and x > 127 -> +inf.
  *
  * The softmax calls it once per score, so it is written for few instructions: adding 1.5 * 2^23 + 127 rounds
  * x to an integer n in the low mantissa bits (as n + 127, which shifted left by 23 is the exponent field of
@@ -160,7 +161,7 @@ FA_INLINE fa_vf fa_vround(fa_vf x) {
  */
 FA_INLINE fa_vf fa_vexp2_nonpos(fa_vf x) {
     const fa_vf shifter = fa_vset1(12583039.0f); /* 1.5 * 2^23 + 127 */
-    fa_vf xc = fa_vmin(fa_vmax(x, fa_vset1(-127.0f)), fa_vset1(127.0f));
+    fa_vf xc = fa_vmin(fa_vset1(127.0f), fa_vmax(fa_vset1(-127.0f), x));
     fa_vf t = xc + shifter; /* in [2^23, 2^24): whole numbers, rounded to nearest */
     fa_vf f = xc - (t - shifter);
     return fa_vexp2_frac(f) * (fa_vf)((fa_vi)t << 23);
@@ -205,7 +206,8 @@ FA_INLINE fa_vf fa_vtanh(fa_vf x) {
     fa_vf small = fa_vfma(q * x2, x, x);
     fa_vi sign = (fa_vi)x & fa_viset1((int32_t)0x80000000u);
     big = (fa_vf)((fa_vi)big | sign);
-    return fa_vselect(ax < 0.625f, small, big);
+    /* NaN would otherwise come out as +-1 (the clamp in fa_vexp drops it) */
+    return fa_vselect(x != x, x, fa_vselect(ax < 0.625f, small, big));
 }
 
 /* Mode of a micro-kernel call: C = AB, C += AB, or C = diag(row_scale) C + AB. The product is summed from zero

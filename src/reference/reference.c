@@ -33,13 +33,15 @@ static double dot(const double *a, const double *b, int64_t n) {
 }
 
 /* Scores of one query row after scale, softcap, mask and ALiBi; masked entries are -inf. Writes the
- * pre-mask softcapped tanh value into `capped` (for the backward) when not NULL. Returns the row max. */
+ * pre-mask softcapped tanh value into `capped` (for the backward) when not NULL. Returns the row max (NaN
+ * scores do not take part; softmax_row lets them through) and the number of visible keys in *visible. */
 static double score_row(const fa_params *p, const fa_seq *s, int64_t b, int64_t h, int64_t i, const double *q,
-                        const double *k, double *score, double *capped) {
+                        const double *k, double *score, double *capped, int64_t *visible) {
     const int64_t d = p->head_dim, hkv = h / (p->heads_q / p->heads_kv);
     const double scale = p->softmax_scale, cap = p->softcap, slope = fa_alibi_slope(p, b, h);
     const double *qi = row_of(q, s->tok_q + i, p->heads_q, h, d);
     double max = -INFINITY;
+    *visible   = 0;
     for (int64_t j = 0; j < s->len_k; j++) {
         double x = scale * dot(qi, row_of(k, s->tok_k + j, p->heads_kv, hkv, d), d);
         if (cap > 0) {
@@ -53,24 +55,36 @@ static double score_row(const fa_params *p, const fa_seq *s, int64_t b, int64_t 
         }
         x -= slope * (double)fa_alibi_distance(i, j, s->len_q, s->len_k);
         score[j] = x;
+        ++*visible;
         if (x > max) max = x;
     }
     return max;
 }
 
-/* Turns scores into probabilities in place; returns the logsumexp (-inf for a row that sees no key). */
-static double softmax_row(double *score, int64_t n, double max) {
-    if (max == -INFINITY) {
+/* Turns the scores of row i into probabilities in place: exactly 0 for masked keys, IEEE arithmetic for the
+ * visible ones (a NaN or +inf score, or -inf everywhere, makes every probability and the result NaN).
+ * Returns the logsumexp: -inf for a row that sees no key. */
+static double softmax_row(const fa_params *p, const fa_seq *s, int64_t i, double *score, double max,
+                          int64_t visible) {
+    const int64_t n = s->len_k;
+    if (visible == 0) {
         for (int64_t j = 0; j < n; j++) score[j] = 0.0;
         return -INFINITY;
     }
+    if (max == -INFINITY) max = NAN; /* every visible score is -inf: exp(-inf - -inf) */
     double sum = 0.0;
     for (int64_t j = 0; j < n; j++) {
-        score[j] = exp(score[j] - max);
+        score[j] = fa_key_visible(i, j, s->len_q, n, p->window_left, p->window_right) ? exp(score[j] - max) : 0.0;
         sum += score[j];
     }
     for (int64_t j = 0; j < n; j++) score[j] /= sum;
     return max + log(sum);
+}
+
+static int finite_row(const double *x, int64_t n) {
+    for (int64_t c = 0; c < n; c++)
+        if (!isfinite(x[c])) return 0;
+    return 1;
 }
 
 static int64_t tokens(const fa_params *p, int query) {
@@ -88,34 +102,40 @@ static int64_t max_len_k(const fa_params *p) {
     return m;
 }
 
-void fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
-                          double *lse) {
+fa_status fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
+                               double *lse) {
     const int64_t d = p->head_dim, lk = max_len_k(p) > 0 ? max_len_k(p) : 1;
     double *score = malloc((size_t)lk * sizeof(double));
-    if (!score) return;
+    if (!score) return fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
     for (int64_t b = 0; b < p->batch; b++) {
         fa_seq s = packed_seq(p, b);
         for (int64_t h = 0; h < p->heads_q; h++) {
             const int64_t hkv = h / (p->heads_q / p->heads_kv);
             for (int64_t i = 0; i < s.len_q; i++) {
-                double  max = score_row(p, &s, b, h, i, q, k, score, NULL);
-                double  l   = softmax_row(score, s.len_k, max);
+                int64_t visible;
+                double  max = score_row(p, &s, b, h, i, q, k, score, NULL, &visible);
+                double  l   = softmax_row(p, &s, i, score, max, visible);
                 double *oi  = (double *)row_of(o, s.tok_q + i, p->heads_q, h, d);
+                int     bad_v = 0;
                 for (int64_t c = 0; c < d; c++) oi[c] = 0.0;
                 for (int64_t j = 0; j < s.len_k; j++) {
-                    if (score[j] == 0.0) continue;
+                    if (!fa_key_visible(i, j, s.len_q, s.len_k, p->window_left, p->window_right)) continue;
                     const double *vj = row_of(v, s.tok_k + j, p->heads_kv, hkv, d);
+                    bad_v |= !finite_row(vj, d);
                     for (int64_t c = 0; c < d; c++) oi[c] += score[j] * vj[c];
                 }
+                if (bad_v) /* flashattn.h: a visible key with a non-finite V makes the whole row NaN */
+                    for (int64_t c = 0; c < d; c++) oi[c] = NAN;
                 if (lse) lse[fa_lse_index(p, b, s.tok_q, i, h)] = l;
             }
         }
     }
     free(score);
+    return FA_OK;
 }
 
-void fa_reference_bwd_f64(const fa_params *p, const double *q, const double *k, const double *v,
-                          const double *dout, double *dq, double *dk, double *dv) {
+fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double *k, const double *v,
+                               const double *dout, double *dq, double *dk, double *dv) {
     const int64_t d = p->head_dim, lk = max_len_k(p) > 0 ? max_len_k(p) : 1;
     const int64_t nq = tokens(p, 1) * p->heads_q * d, nk = tokens(p, 0) * p->heads_kv * d;
     for (int64_t x = 0; x < nq; x++) dq[x] = 0.0;
@@ -124,25 +144,27 @@ void fa_reference_bwd_f64(const fa_params *p, const double *q, const double *k, 
     if (!prob || !capped) {
         free(prob);
         free(capped);
-        return;
+        return fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
     }
     for (int64_t b = 0; b < p->batch; b++) {
         fa_seq s = packed_seq(p, b);
         for (int64_t h = 0; h < p->heads_q; h++) {
             const int64_t hkv = h / (p->heads_q / p->heads_kv);
             for (int64_t i = 0; i < s.len_q; i++) {
-                double max = score_row(p, &s, b, h, i, q, k, prob, capped);
-                softmax_row(prob, s.len_k, max);
-                if (max == -INFINITY) continue; /* sees no key: zero gradients */
+                int64_t visible;
+                double  max = score_row(p, &s, b, h, i, q, k, prob, capped, &visible);
+                softmax_row(p, &s, i, prob, max, visible);
+                if (visible == 0) continue; /* sees no key: zero gradients */
                 const double *qi  = row_of(q, s.tok_q + i, p->heads_q, h, d);
                 const double *doi = row_of(dout, s.tok_q + i, p->heads_q, h, d);
                 double       *dqi = dq + (qi - q);
                 /* D_i = sum_j P_ij dP_ij with dP_ij = dO_i . V_j  (equals rowsum(dO_i * O_i)) */
                 double D = 0.0;
                 for (int64_t j = 0; j < s.len_k; j++)
-                    if (prob[j] != 0.0) D += prob[j] * dot(doi, row_of(v, s.tok_k + j, p->heads_kv, hkv, d), d);
+                    if (fa_key_visible(i, j, s.len_q, s.len_k, p->window_left, p->window_right))
+                        D += prob[j] * dot(doi, row_of(v, s.tok_k + j, p->heads_kv, hkv, d), d);
                 for (int64_t j = 0; j < s.len_k; j++) {
-                    if (prob[j] == 0.0) continue;
+                    if (!fa_key_visible(i, j, s.len_q, s.len_k, p->window_left, p->window_right)) continue;
                     const int64_t off = (s.tok_k + j) * p->heads_kv * d + hkv * d;
                     double        dp  = dot(doi, v + off, d);
                     double        ds  = prob[j] * (dp - D);
@@ -159,6 +181,7 @@ void fa_reference_bwd_f64(const fa_params *p, const double *q, const double *k, 
     }
     free(prob);
     free(capped);
+    return FA_OK;
 }
 
 /* ---- the FA_BACKEND_REFERENCE backend: strided low-precision tensors <-> packed fp64 ---- */
@@ -208,7 +231,9 @@ fa_status fa_reference_fwd(const fa_params *p) {
     if (!q || !k || !v || !o || !lse) {
         st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
     } else {
-        fa_reference_fwd_f64(p, q, k, v, o, lse);
+        st = fa_reference_fwd_f64(p, q, k, v, o, lse);
+    }
+    if (st == FA_OK) {
         scatter(p, &p->o, 1, o);
         if (p->lse)
             for (int64_t b = 0; b < p->batch; b++) {
@@ -234,7 +259,9 @@ fa_status fa_reference_bwd(const fa_params *p) {
     if (!q || !k || !v || !dout || !dq || !dk || !dv) {
         st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
     } else {
-        fa_reference_bwd_f64(p, q, k, v, dout, dq, dk, dv);
+        st = fa_reference_bwd_f64(p, q, k, v, dout, dq, dk, dv);
+    }
+    if (st == FA_OK) {
         scatter(p, &p->dq, 1, dq);
         scatter(p, &p->dk, 0, dk);
         scatter(p, &p->dv, 0, dv);

@@ -1,0 +1,40 @@
+#!/bin/sh
+# tests/cli.sh FLASHATTN - the CLI's exit codes and option parsing (0 ok, 1 numerical failure, 2 bad usage or
+# invalid shape, 3 unsupported, 4 runtime or I/O error). One PASS/FAIL line per case, then "N passed, M failed".
+fa=${1:?usage: tests/cli.sh path/to/flashattn}
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+
+# expect CODE NAME [PATTERN] -- ARGS...: the exit code, and PATTERN (grep -E) in the output when given
+expect() {
+    want=$1 name=$2 pattern=$3
+    shift 4
+    "$fa" "$@" > "$tmp/out" 2>&1
+    got=$?
+    if [ "$got" -eq "$want" ] && { [ -z "$pattern" ] || grep -Eq -- "$pattern" "$tmp/out"; }; then
+        echo "PASS  $name: exit $got"
+        pass=$((pass + 1))
+    else
+        echo "FAIL  $name: exit $got (want $want${pattern:+, output matching '$pattern'}): $(tail -n 2 "$tmp/out")"
+        fail=$((fail + 1))
+    fi
+}
+
+small="--batch 1 --heads 2 --seqlen-q 40 --head-dim 16"
+expect 0 "check of a small problem" "check: PASS" -- check $small --bwd
+expect 3 "head_dim INT32_MAX is unsupported, not a runtime error" "head_dim" -- check --head-dim 2147483647
+expect 2 "head_dim 0 is invalid" "" -- check --head-dim 0
+expect 0 "a long left window bound is read whole (leading zeros)" "window 1,0" -- \
+    check $small --window 00000000000000000000000000000000000000000000000001,0
+expect 2 "a long left window bound out of range is refused" "expected an integer" -- \
+    check $small --window 10000000000000000000000000000000000000000000000000,0
+expect 4 "--peers on a missing file is an I/O failure" "cannot open" -- \
+    bench --sweep paper --backend cpu --plot "$tmp/p.svg" --peers "$tmp/missing.json"
+echo '{"not": "a list"}' > "$tmp/bad.json"
+expect 2 "--peers on a malformed file is bad usage" "not a JSON list" -- \
+    bench --sweep paper --backend cpu --plot "$tmp/p.svg" --peers "$tmp/bad.json"
+expect 2 "an unknown option" "" -- check --no-such-option
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
