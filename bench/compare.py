@@ -35,6 +35,9 @@ The timer (the same for every implementation of a shape)
   N: every implementation is probed (one call that may build plans, then two timed calls); N is chosen so that
   the fastest one's block lasts about --block-ms (default 30 ms), clamped to [3, 500]; as many warm-up calls (the clock follows the power draw within tens of ms: a
   short warm-up favours whatever follows a light kernel). N and the warm-up are the same for every implementation of the shape and pass.
+  Pre-heat (--preheat-ms, default 20): before every block, bf16 matrix products for that long, so that every
+  implementation's block starts from the same loaded state (the clock follows the power draw: a block after a
+  light kernel would start faster).
   --l2 flush (default): a buffer of twice the L2 size is zeroed outside the timed region, before each timed
   block (b2b) or each call (single); --l2 warm: never.
   Rounds (--rounds, default and minimum 3; --quick allows fewer): in each round every implementation is timed
@@ -112,6 +115,9 @@ def parse_args(argv=None):
     ap.add_argument("--mode", choices=["b2b", "single"], default="b2b")
     ap.add_argument("--l2", choices=["flush", "warm"], default="flush")
     ap.add_argument("--block-ms", type=float, default=30.0)
+    ap.add_argument("--preheat-ms", type=float, default=20.0,
+                    help="bf16 matrix products before every timed block, so that each starts from the same "
+                         "loaded state of the GPU (0: none)")
     ap.add_argument("--overhead-calls", type=int, help="timed calls per round of the overhead set (2000)")
     ap.add_argument("--overhead-warmup", type=int, help="warm-up calls of the overhead set (200)")
     ap.add_argument("--quick", action="store_true", help="a few shapes per set; --rounds below 3 allowed")
@@ -174,7 +180,8 @@ def build_cases(args):
 
 def print_estimate(args, cases):
     total, per_set = core.estimate_seconds(cases, args.impls, args.rounds, args.block_ms,
-                                           overhead_calls=args.overhead_calls + args.overhead_warmup)
+                                           overhead_calls=args.overhead_calls + args.overhead_warmup,
+                                           preheat_ms=args.preheat_ms)
     print("estimate for an H100 (model in bench/compare_core.py H100_MODEL): %.0f s (%.1f min) for %d shapes, "
           "%d implementations, %d rounds, block %.0f ms" % (total, total / 60, len(cases), len(args.impls),
                                                            args.rounds, args.block_ms))
@@ -244,6 +251,7 @@ class Timer:
         self.mode = mode
         self.flush_buf = None
         self.l2_bytes = None
+        self.preheat = None  # set by set_preheat on a GPU
         if l2 == "flush":
             if self.cuda:
                 props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -252,6 +260,32 @@ class Timer:
             else:
                 size = 32 << 20  # the CPU smoke run only exercises the path
             self.flush_buf = torch.empty(size, dtype=torch.uint8, device=device)
+
+    def set_preheat(self, ms):
+        """Before every block, about `ms` of bf16 matrix products: each implementation's block starts from the
+        same loaded state of the GPU. Its clock follows the power draw over tens to hundreds of milliseconds,
+        so without this a block that follows a light kernel (PyTorch's FA2, or idle time) starts at a higher
+        clock than one that follows a heavy kernel: measured on an H200 as up to 10% between two timings of one
+        kernel, by position in the round."""
+        if not self.cuda or ms <= 0:
+            return
+        torch = self.torch
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(a)
+        torch.mm(a, b, out=out)
+        start, end = self._events()
+        start.record()
+        for _ in range(10):
+            torch.mm(a, b, out=out)
+        end.record()
+        end.synchronize()
+        reps = max(1, int(round(ms / (start.elapsed_time(end) / 10))))
+
+        def preheat():
+            for _ in range(reps):
+                torch.mm(a, b, out=out)
+        self.preheat = preheat
 
     def sync(self):
         if self.cuda:
@@ -265,7 +299,10 @@ class Timer:
         return (self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True))
 
     def block(self, fn, n, warmup, mode=None):
-        """Milliseconds per call of fn: warm-up calls, then n timed calls as `mode` (default --mode) says."""
+        """Milliseconds per call of fn: the pre-heat, warm-up calls, then n timed calls as `mode` (default
+        --mode) says."""
+        if self.preheat is not None:
+            self.preheat()
         for _ in range(warmup):
             fn()
         if (mode or self.mode) == "b2b":
@@ -399,6 +436,7 @@ class Runner:
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
         self.elem_bytes = torch.tensor([], dtype=self.dtype).element_size()
         self.timer = Timer(torch, self.device, args.mode, args.l2)
+        self.timer.set_preheat(args.preheat_ms)
         self.records, self.missing, self.ceilings = [], [], {}
         self.csv_file = None
         self.t_start = time.perf_counter()
@@ -685,7 +723,8 @@ class Runner:
         # Each shape's share of the estimate weighs the progress for the ETA.
         per_case = [sum(core.estimate_seconds([c], self.args.impls, self.args.rounds, self.args.block_ms,
                                               overhead_calls=self.args.overhead_calls
-                                              + self.args.overhead_warmup)[1].values()) for c in cases]
+                                              + self.args.overhead_warmup,
+                                              preheat_ms=self.args.preheat_ms)[1].values()) for c in cases]
         est_total = sum(per_case) or 1.0
         t0, est_done = time.perf_counter(), 0.0
         for i, case in enumerate(cases):

@@ -328,7 +328,7 @@ H100_MODEL = {
 
 
 def estimate_seconds(cases, impls, rounds, block_ms, model=H100_MODEL, overhead_calls=2200,
-                     overhead_rounds=None):
+                     overhead_rounds=None, preheat_ms=20.0):
     """Seconds a run of these cases should take: for each (case, pass), rounds x implementations x
     (warm-up + N) calls at the model's rates, plus probes, per-block overhead and setup. Returns
     (total seconds, {set: seconds})."""
@@ -350,6 +350,6 @@ def estimate_seconds(cases, impls, rounds, block_ms, model=H100_MODEL, overhead_
                     slow = model["slowdown"].get(impl, 2.0)
                     probe = model["probe_s"].get(impl, model["probe_s"]["other"])
                     t += probe + 3 * fast_ms * slow * 1e-3
-                    t += rounds * ((n + w) * fast_ms * slow + model["block_overhead_ms"]) * 1e-3
+                    t += rounds * ((n + w) * fast_ms * slow + model["block_overhead_ms"] + preheat_ms) * 1e-3
         per_set[case.set] = per_set.get(case.set, 0.0) + t
     return model["fixed_s"] + sum(per_set.values()), per_set
