@@ -21,7 +21,9 @@ from ._lib import (
     version,
 )
 
-__version__ = "0.1.0"
+from ._lib import VERSION_MAJOR as _MAJOR, VERSION_MINOR as _MINOR, VERSION_PATCH as _PATCH
+
+__version__ = f"{_MAJOR}.{_MINOR}.{_PATCH}"  # include/flashattn.h's version, as _lib mirrors it
 
 _TORCH_NAMES = (
     "flash_attn_func",
