@@ -63,7 +63,10 @@ NVCC_FLAGS    ?= -O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall -Iinc
 CUDA_SRC       = $(wildcard src/cuda/*.cu)
 CUDA_OBJ       = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 ALL_CFLAGS    += -DFA_WITH_CUDA -I$(CUDA_HOME)/include
-CUDA_LIBS      = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+# The CUDA runtime is linked statically (it opens the driver, libcuda.so.1, with dlopen itself) and the naive
+# backend opens cuBLAS with dlopen on first use, so libflashattn.so needs neither at load time and its CPU
+# backends run on machines without CUDA. The rpath lets that dlopen find the toolkit's cuBLAS.
+CUDA_LIBS      = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lpthread -lrt -lstdc++
 LDLIBS        += $(CUDA_LIBS)
 PC_LIBS       += $(CUDA_LIBS)
 endif

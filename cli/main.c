@@ -14,6 +14,7 @@
 #endif
 
 #include "cli.h"
+#include "internal.h" /* fa_naive_cublas_load, for info */
 
 static const char usage[] =
     "usage: flashattn <command> [options]\n"
@@ -483,9 +484,14 @@ static int cmd_info(void) {
     printf("cpu:      %ld cores online, single-threaded build\n", cores);
 #endif
     int n = fa_device_count();
-    if (n == 0)
-        printf("devices:  none%s\n",
-               fa_backend_built(FA_BACKEND_CUDA) ? " (no usable CUDA device)" : " (built without CUDA)");
+    if (n == 0) {
+        /* the library's message says what is missing: the driver, a device, or a new enough driver */
+        fa_device_info none;
+        if (fa_backend_built(FA_BACKEND_CUDA) && fa_device_get_info(0, &none) != FA_OK)
+            printf("devices:  none (%s)\n", fa_last_error());
+        else
+            printf("devices:  none (built without CUDA)\n");
+    }
     for (int d = 0; d < n; d++) {
         fa_device_info info;
         fa_status st = fa_device_get_info(d, &info);
@@ -496,6 +502,13 @@ static int cmd_info(void) {
         printf("device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB\n", d, info.name, info.cc_major,
                info.cc_minor, info.sm_count, (double)info.memory_bytes / (1u << 30));
     }
+#ifdef FA_WITH_CUDA
+    /* cuBLAS is opened at run time by the naive backend only; say whether it can be */
+    if (fa_naive_cublas_load() == FA_OK)
+        printf("cublas:   loaded (used by the naive backend)\n");
+    else
+        printf("cublas:   %s\n", fa_last_error());
+#endif
     return EXIT_OK;
 }
 
