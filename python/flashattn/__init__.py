@@ -51,7 +51,17 @@ __all__ = [
 
 def __getattr__(name):
     if name in _TORCH_NAMES:
-        from . import _torch as module
+        try:
+            from . import _torch as module
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ModuleNotFoundError(
+                f"flashattn.{name} is the PyTorch entry point and needs PyTorch (>= 2.4), which is not "
+                "installed: `pip install torch`, or, for numpy arrays without PyTorch, use "
+                "flashattn.attention (and flashattn.attention_backward)",
+                name="torch",
+            ) from e
     elif name in _NUMPY_NAMES:
         from . import _numpy as module
     else:
