@@ -1,7 +1,7 @@
 # flashattn - hand-written Makefile.
 #   make               library (static + shared) and the flashattn CLI, in build/
 #   make run           the main job: flashattn run on the best backend
-#   make test          every test: C tests (GPU tests too when a GPU is present), the install test, Python tests
+#   make test          every test: C tests (GPU tests too when a GPU is present), CLI tests, the install test, Python tests
 #   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make ci            what .ci/run runs once the machine has its packages: test, sanitize, serial build
@@ -88,7 +88,7 @@ $(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)), OpenMP $(if
 endif
 endif
 
-.PHONY: all lib run test test-c test-install test-python sanitize install uninstall ci clean format \
+.PHONY: all lib run test test-c test-cli test-install test-python sanitize install uninstall ci clean format \
         format-check readme-example FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
@@ -141,10 +141,11 @@ run: all
 # ---------------------------------------------------------------------------------------------------------
 # Tests. Each suite prints a closing "<suite>: N passed, N failed" line; the target fails if any test failed.
 
-# All three suites run even when one fails; the target fails at the end if any did.
+# All four suites run even when one fails; the target fails at the end if any did.
 test: all $(TEST_BIN)
 	@failed=""; \
 	$(MAKE) --no-print-directory test-c || failed="$$failed test-c"; \
+	$(MAKE) --no-print-directory test-cli || failed="$$failed test-cli"; \
 	$(MAKE) --no-print-directory test-install || failed="$$failed test-install"; \
 	$(MAKE) --no-print-directory test-python || failed="$$failed test-python"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi
@@ -159,6 +160,10 @@ test-c: $(TEST_BIN)
 	[ $$fail -eq 0 ] || echo "failed test binaries:$$failed"; \
 	echo "c-tests$(if $(filter 1,$(SANITIZE)),-sanitize): $$pass passed, $$fail failed"; \
 	[ $$fail -eq 0 ]
+
+# The command line's behaviour the C tests do not reach (bench's outputs, sweeps, plots, --version): tests/cli.sh.
+test-cli: $(BUILD)/flashattn
+	@sh tests/cli.sh $(BUILD)/flashattn
 
 # Installs into a temporary prefix, then builds the README's example and tests/test_example.c against it
 # with pkg-config, once with the shared and once with the static library, and runs them.
