@@ -110,16 +110,17 @@ static int json_add(bench_out *out, const cli_options *o, const bench_row *r, in
     enum { REC_BYTES = 2048 }; /* room for every field with the longest device name */
     char *rec = malloc(REC_BYTES);
     if (!rec) return -1;
-    int len = snprintf(rec, REC_BYTES,
-             "{\"impl\": %s, \"backend\": \"%s\", \"device\": %s, \"dtype\": \"%s\", \"batch\": %d, "
-             "\"seqlen\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, \"heads\": %d, \"heads_q\": %d, "
-             "\"heads_kv\": %d, \"head_dim\": %d, \"causal\": %s, \"window_left\": %d, \"window_right\": %d, "
-             "\"softcap\": %g, \"alibi\": %s, \"varlen\": %s, \"deterministic\": %s, \"pass\": \"%s\", "
-             "\"ms\": %s, \"tflops\": %s, \"status\": \"%s\"}",
-             jimpl, cli_backend_name(r->backend), jdev, cli_dtype_name(o->dtype), r->batch, r->seqlen, r->seqlen,
-             seqlen_k, r->heads, r->heads, heads_kv, r->head_dim, r->causal ? "true" : "false", o->window_left,
-             o->window_right, (double)o->softcap, o->alibi ? "true" : "false", o->varlen ? "true" : "false",
-             o->deterministic ? "true" : "false", pass_names[pass], ms, tf, fa_status_name(r->st[pass]));
+    int len =
+        snprintf(rec, REC_BYTES,
+                 "{\"impl\": %s, \"backend\": \"%s\", \"device\": %s, \"dtype\": \"%s\", \"batch\": %d, "
+                 "\"seqlen\": %d, \"seqlen_q\": %d, \"seqlen_k\": %d, \"heads\": %d, \"heads_q\": %d, "
+                 "\"heads_kv\": %d, \"head_dim\": %d, \"causal\": %s, \"window_left\": %d, \"window_right\": %d, "
+                 "\"softcap\": %g, \"alibi\": %s, \"varlen\": %s, \"deterministic\": %s, \"pass\": \"%s\", "
+                 "\"ms\": %s, \"tflops\": %s, \"status\": \"%s\"}",
+                 jimpl, cli_backend_name(r->backend), jdev, cli_dtype_name(o->dtype), r->batch, r->seqlen, r->seqlen,
+                 seqlen_k, r->heads, r->heads, heads_kv, r->head_dim, r->causal ? "true" : "false", o->window_left,
+                 o->window_right, (double)o->softcap, o->alibi ? "true" : "false", o->varlen ? "true" : "false",
+                 o->deterministic ? "true" : "false", pass_names[pass], ms, tf, fa_status_name(r->st[pass]));
     if (len < 0 || len >= REC_BYTES) {
         free(rec);
         return -1;
@@ -289,7 +290,14 @@ typedef struct sweep_spec {
 } sweep_spec;
 
 static const sweep_spec sweep_specs[] = {
-    { "paper", 16384, 2048, { 512, 1024, 2048, 4096, 8192, 16384 }, 6, { 64, 128, 256 }, 3, FA_BF16,
+    { "paper",
+      16384,
+      2048,
+      { 512, 1024, 2048, 4096, 8192, 16384 },
+      6,
+      { 64, 128, 256 },
+      3,
+      FA_BF16,
       "the FlashAttention-2 paper's benchmark" },
     /* Sized for a CPU: 2.0e12 FLOPs with the default 1 + 5 runs per pass, about a minute on 2 cores at
      * 40 GFLOP/s (8 s on two AVX-512 cores at 300-450 GFLOP/s); the rows' work grows with the seqlen. */
@@ -331,7 +339,8 @@ static cli_options sweep_options(const cli_options *o, const sweep *s, int di, i
 
 /* FLOPs of one timed run of a row, forward plus (when timed) backward, by the paper's formula. */
 static double row_flops(const cli_options *c, int backward) {
-    const double fwd = 4.0 * c->batch * c->seqlen_q * (double)c->seqlen_k * c->head_dim * c->heads / (c->causal ? 2 : 1);
+    const double fwd =
+        4.0 * c->batch * c->seqlen_q * (double)c->seqlen_k * c->head_dim * c->heads / (c->causal ? 2 : 1);
     return fwd * (backward ? 3.5 : 1.0);
 }
 

@@ -614,8 +614,8 @@ static int cmd_run(cli_options *o) {
            (long long)rep.rows_q, (long long)rep.rows_k, vf_seconds() - t0);
     vf_report_print(stdout, &rep, "    ");
     const int ok = rep.ok && written;
-    printf("run: %s %s %.3f ms fwd+bwd, %.4g %s, max rel err O %.1e dQ %.1e dK %.1e dV %.1e\n",
-           ok ? "PASS" : "FAIL", cli_backend_name(b), ms_f + ms_b, (ff + fb) / (ms_f + ms_b) * per_ms, unit, rep.err[VF_O].rel,
+    printf("run: %s %s %.3f ms fwd+bwd, %.4g %s, max rel err O %.1e dQ %.1e dK %.1e dV %.1e\n", ok ? "PASS" : "FAIL",
+           cli_backend_name(b), ms_f + ms_b, (ff + fb) / (ms_f + ms_b) * per_ms, unit, rep.err[VF_O].rel,
            rep.err[VF_DQ].rel, rep.err[VF_DK].rel, rep.err[VF_DV].rel);
     vf_problem_destroy(&pr);
     return ok ? EXIT_OK : EXIT_NUMERICAL;
@@ -633,8 +633,8 @@ static int cmd_check(cli_options *o) {
     char desc[256], dev[300];
     cli_describe(o, desc, sizeof desc);
     cli_device_name(b, o, dev, sizeof dev);
-    printf("flashattn check: %s backend%s%s\n  problem: %s, seed %llu%s\n", cli_backend_name(b), device_sep(b), dev, desc,
-           (unsigned long long)o->seed, o->bwd ? ", forward and backward" : ", forward");
+    printf("flashattn check: %s backend%s%s\n  problem: %s, seed %llu%s\n", cli_backend_name(b), device_sep(b), dev,
+           desc, (unsigned long long)o->seed, o->bwd ? ", forward and backward" : ", forward");
     fflush(stdout);
 
     vf_problem pr;

@@ -3,7 +3,8 @@
  * (8 query heads sharing 2 key/value heads) on the CPU backend, checked against a direct evaluation of
  * softmax(Q K^T / sqrt(d)) V in double precision. Prints one line and exits 0 when they agree.
  *
- *   cc -o attention attention.c $(pkg-config --cflags --libs flashattn) -Wl,-rpath,$(pkg-config --variable=libdir flashattn)
+ *   cc -o attention attention.c $(pkg-config --cflags --libs flashattn) -Wl,-rpath,$(pkg-config --variable=libdir
+ * flashattn)
  */
 #include <flashattn.h>
 #include <math.h>
