@@ -64,7 +64,10 @@ NVCC_FLAGS    ?= -O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall -Iinc
 CUDA_SRC       = $(wildcard src/cuda/*.cu)
 CUDA_OBJ       = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 ALL_CFLAGS    += -DFA_WITH_CUDA -I$(CUDA_HOME)/include
-CUDA_LIBS      = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+# The CUDA runtime is linked statically (it opens the driver, libcuda.so.1, with dlopen itself) and the naive
+# backend opens cuBLAS with dlopen on first use, so libflashattn.so needs neither at load time and its CPU
+# backends run on machines without CUDA. The rpath lets that dlopen find the toolkit's cuBLAS.
+CUDA_LIBS      = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lpthread -lrt -lstdc++
 LDLIBS        += $(CUDA_LIBS)
 PC_LIBS       += $(CUDA_LIBS)
 endif
@@ -142,7 +145,7 @@ run: all
 # ---------------------------------------------------------------------------------------------------------
 # Tests. Each suite prints a closing "<suite>: N passed, N failed" line; the target fails if any test failed.
 
-# All three suites run even when one fails; the target fails at the end if any did.
+# All four suites run even when one fails; the target fails at the end if any did.
 test: all $(TEST_BIN)
 	@failed=""; \
 	$(MAKE) --no-print-directory test-c || failed="$$failed test-c"; \
@@ -162,12 +165,15 @@ test-c: $(TEST_BIN)
 	echo "c-tests$(if $(filter 1,$(SANITIZE)),-sanitize): $$pass passed, $$fail failed"; \
 	[ $$fail -eq 0 ]
 
-# The CLI's exit codes and option parsing.
+# The command line: its exit codes and option parsing (tests/cli_exit_codes.sh), and what the C tests do not reach
+# of bench's outputs, sweeps, plots and --version (tests/cli_bench.sh).
 test-cli: $(BUILD)/flashattn
-	@echo "== tests/cli.sh"; sh tests/cli.sh $(BUILD)/flashattn
+	@echo "== tests/cli_exit_codes.sh"; sh tests/cli_exit_codes.sh $(BUILD)/flashattn && \
+	echo "== tests/cli_bench.sh" && sh tests/cli_bench.sh $(BUILD)/flashattn
 
-# Installs into a temporary prefix, then builds the README's example and tests/test_example.c against it
-# with pkg-config, once with the shared and once with the static library, and runs them.
+# Installs into a temporary prefix, then builds the README's example, tests/test_example.c and
+# examples/attention.c against it with pkg-config, once with the shared library (found at run time through the
+# rpath that docs/install.md suggests) and once with the static one, and runs them.
 INSTALL_TEST_DIR = $(abspath $(BUILD))/install-test
 test-install: all
 	@rm -rf $(INSTALL_TEST_DIR) && mkdir -p $(INSTALL_TEST_DIR)
@@ -184,11 +190,13 @@ test-install: all
 	srcs="$(INSTALL_TEST_DIR)/readme_example.c"; \
 	[ ! -f tests/test_example.c ] || cmp -s tests/test_example.c $(INSTALL_TEST_DIR)/readme_example.c \
 	  || srcs="$$srcs tests/test_example.c"; \
+	srcs="$$srcs examples/attention.c"; \
 	for src in $$srcs; do \
 	  exe=$(INSTALL_TEST_DIR)/$$(basename $$src .c); \
 	  echo "== $$src against the installed library (shared, then static)"; \
 	  if $(CC) -std=c11 -Wall -Wextra -Werror -o $$exe $$src $$(pkg-config --cflags --libs flashattn) \
-	     && LD_LIBRARY_PATH=$(INSTALL_TEST_DIR)/prefix/lib $$exe \
+	       -Wl,-rpath,$$(pkg-config --variable=libdir flashattn) \
+	     && $$exe \
 	     && $(CC) -std=c11 -Wall -Wextra -Werror -o $$exe-static $$src $$(pkg-config --cflags flashattn) \
 	          $$(pkg-config --static --libs flashattn | sed 's/-lflashattn/-l:libflashattn.a/') \
 	     && $$exe-static; \
@@ -200,13 +208,24 @@ test-install: all
 	[ $$fail -eq 0 ]
 
 # Python tests need python3 with numpy and pytest; they are skipped with a message otherwise.
-# pytest's exit status 5 means it collected no test.
+# pytest's exit status 5 means it collected no test. The examples run first: the numpy one where numpy is
+# importable, the PyTorch one always (it skips itself, exiting 0, without PyTorch).
+PY_ENV = FLASHATTN_LIBRARY=$(abspath $(BUILD))/libflashattn.so PYTHONPATH=$(abspath python)$${PYTHONPATH:+:$$PYTHONPATH}
 test-python: lib
-	@if [ ! -d python/tests ]; then echo "python-tests: skipped (no python/tests)"; exit 0; fi; \
+	@pass=0; fail=0; examples=examples/train_step_torch.py; \
+	if $(PYTHON) -c 'import numpy' 2>/dev/null; then examples="examples/attention_numpy.py $$examples"; \
+	else echo "examples/attention_numpy.py: skipped (no numpy in $(PYTHON))"; fi; \
+	for ex in $$examples; do \
+	  echo "== $$ex"; \
+	  if $(PY_ENV) $(PYTHON) $$ex; then pass=$$((pass+1)); else echo "FAILED: $$ex"; fail=$$((fail+1)); fi; \
+	done; \
+	echo "$$pass passed, $$fail failed"; \
+	echo "python-examples: $$pass passed, $$fail failed"; \
+	[ $$fail -eq 0 ] || exit 1; \
+	if [ ! -d python/tests ]; then echo "python-tests: skipped (no python/tests)"; exit 0; fi; \
 	if ! $(PYTHON) -c 'import numpy, pytest' 2>/dev/null; then \
 	  echo "python-tests: skipped ($(PYTHON) with numpy and pytest not found; .ci/run installs them)"; exit 0; fi; \
-	FLASHATTN_LIBRARY=$(abspath $(BUILD))/libflashattn.so PYTHONPATH=$(abspath python)$${PYTHONPATH:+:$$PYTHONPATH} \
-	  $(PYTHON) -m pytest -q python/tests; rc=$$?; \
+	$(PY_ENV) $(PYTHON) -m pytest -q python/tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "python-tests: no tests collected"; exit 0; fi; exit $$rc
 
 # libFuzzer harness (fuzz/fuzz_attention.c) over validation, the CPU backend and the reference, built with clang

@@ -41,7 +41,7 @@ typedef struct cli_options {
     fa_kernel kernel;
     int layout; /* vf_layout: 0 = (batch, seqlen, heads, head_dim), 1 = (batch, heads, seqlen, head_dim) */
     int32_t repeats, warmup, rows; /* -1: defaults */
-    const char *csv, *sweep, *plot, *peers;
+    const char *csv, *json, *sweep, *plot, *peers;
 } cli_options;
 
 /* The backend "auto" stands for: CUDA when built and a GPU is present, else the CPU. */
@@ -73,10 +73,15 @@ fa_exec cli_exec(const cli_options *o, fa_backend b);
 /* One-line description of a problem for headers ("bf16, batch 2, heads 16/16, seqlen 4096/4096, ..."). */
 void cli_describe(const cli_options *o, char *buf, int size);
 
-/* "NVIDIA H200" for the CUDA backends when a GPU is present, else "cpu (N threads)". */
+/* "NVIDIA H200" for the CUDA backends when a GPU is present ("no CUDA device" when none is), "N CPU threads" for
+ * the host backends. */
 void cli_device_name(fa_backend b, const cli_options *o, char *buf, int size);
 
 int cli_bench(cli_options *o);
+
+/* The sweeps bench --sweep knows ("paper, cpu"), and whether name is one of them. */
+const char *cli_sweep_names(void);
+int cli_sweep_known(const char *name);
 
 /* Peer results written by bench/peer_bench.py --json. */
 typedef struct peer_record {

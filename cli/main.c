@@ -14,6 +14,7 @@
 #endif
 
 #include "cli.h"
+#include "internal.h" /* fa_naive_cublas_load, for info */
 
 static const char usage[] =
     "usage: flashattn <command> [options]\n"
@@ -27,10 +28,12 @@ static const char usage[] =
     "  check   runs the backend and compares every output with the fp64 reference (O and LSE; with --bwd\n"
     "          also dQ, dK, dV); last line 'check: PASS ...' or 'check: FAIL ...'. Default problem: batch 2,\n"
     "          4 heads, seqlen 512, head_dim 64 (128 on a GPU), f32 on the CPU, bf16 on a GPU, not causal\n"
-    "  bench   median time of --repeats runs after --warmup runs, TFLOP/s by the FlashAttention-2 paper's\n"
-    "          formula (backward 2.5x forward); run's problem, not causal unless --causal. --sweep paper runs the paper's\n"
-    "          benchmark instead (16k tokens, hidden 2048, seqlen 512..16k, head_dim 64/128/256, causal and\n"
-    "          not, bf16, forward and backward)\n"
+    "  bench   median time of --repeats runs after --warmup runs, TFLOP/s (GFLOP/s on the CPU) by the\n"
+    "          FlashAttention-2 paper's formula (backward 2.5x forward); run's problem, not causal unless\n"
+    "          --causal. --sweep paper runs the paper's benchmark instead (16k tokens, hidden 2048, seqlen\n"
+    "          512..16k, head_dim 64/128/256, causal and not, bf16, forward and backward: minutes on a GPU,\n"
+    "          hours on a CPU); --sweep cpu a CPU-sized one (4k tokens, hidden 512, seqlen 256..2k, head_dim\n"
+    "          64/128, f32: under a minute on 2 cores)\n"
     "\n"
     "options:\n"
     "  --backend B[,B...]      auto|cpu|cuda|naive|reference (auto: cuda with a GPU, else cpu); bench takes a list\n"
@@ -55,11 +58,18 @@ static const char usage[] =
     "  --repeats N --warmup N  timed runs (run: 3 and 1 on a GPU, 1 and 0 on the CPU; bench: 10 and 3 on a GPU,\n"
     "                          5 and 1 on the CPU)\n"
     "  --rows N                run: query and key rows to verify (default 64)\n"
-    "  --csv FILE              bench: write the results as CSV\n"
-    "  --sweep paper           bench: the paper's sweep (--head-dim, --seqlen-q, --causal/--no-causal narrow it)\n"
-    "  --plot FILE.svg         bench --sweep: bar charts in the paper's Fig. 4-6 style (one file per panel)\n"
+    "  --csv FILE              bench: write the results as CSV, row by row\n"
+    "  --json FILE             bench: write the results as a JSON list, rewritten after each row (valid when\n"
+    "                          interrupted; --peers reads it)\n"
+    "  --sweep paper|cpu       bench: a sweep (--head-dim, --seqlen-q, --causal/--no-causal narrow it); a time\n"
+    "                          estimate is shown as it runs, and a warning first when it would take long\n"
+    "  --plot FILE.svg         bench --sweep: bar charts in the paper's Fig. 4-6 style (one file per panel;\n"
+    "                          FILE.svg is forward + backward at head_dim 128 without mask, forward with\n"
+    "                          --fwd-only)\n"
     "  --peers FILE.json       bench --sweep --plot: add the bars of bench/peer_bench.py --json\n"
     "  --fwd-only              bench --sweep: time the forward only\n"
+    "\n"
+    "  --version               the version (also: flashattn --version)\n"
     "\n"
     "exit codes: 0 ok, 1 numerical failure, 2 bad usage or invalid shape, 3 unsupported on the backend,\n"
     "            4 runtime error (out of memory, CUDA error, I/O)\n";
@@ -240,8 +250,12 @@ void cli_describe(const cli_options *o, char *buf, int size) {
 
 void cli_device_name(fa_backend b, const cli_options *o, char *buf, int size) {
     fa_device_info info;
-    if (vf_backend_on_device(b) && fa_device_count() > 0 && fa_device_get_info(0, &info) == FA_OK) {
-        snprintf(buf, (size_t)size, "%s", info.name);
+    if (vf_backend_on_device(b)) {
+        /* the GPU backends never run on the CPU: name the GPU, or say that there is none */
+        if (fa_device_count() > 0 && fa_device_get_info(0, &info) == FA_OK)
+            snprintf(buf, (size_t)size, "%s", info.name);
+        else
+            snprintf(buf, (size_t)size, "%s", fa_backend_built(b) ? "no CUDA device" : "not built");
         return;
     }
     int threads = o->threads;
@@ -354,6 +368,7 @@ static const option_spec option_specs[] = {
     OPT("--scale", 'r', scale, 0, 0),
     OPT("--k-ramp", 'r', k_ramp, 0, 0),
     OPT("--csv", 's', csv, 0, 0),
+    OPT("--json", 's', json, 0, 0),
     OPT("--plot", 's', plot, 0, 0),
     OPT("--peers", 's', peers, 0, 0),
     OPT("--backend", 'x', backends, 0, 0),
@@ -396,7 +411,7 @@ static void parse_special(cli_options *o, const char *n, const char *value) {
         else
             bad_usage("%s: expected bshd or bhsd, got '%s'", n, value);
     } else if (!strcmp(n, "--sweep")) {
-        if (strcmp(value, "paper")) bad_usage("%s: the only sweep is 'paper', got '%s'", n, value);
+        if (!cli_sweep_known(value)) bad_usage("%s: expected paper or cpu, got '%s'", n, value);
         o->sweep = value;
     } else if (!strcmp(n, "--seqlen")) {
         o->seqlen_q = o->seqlen_k = (int32_t)parse_int(n, value, 1, INT32_MAX);
@@ -404,6 +419,15 @@ static void parse_special(cli_options *o, const char *n, const char *value) {
         o->seed = (uint64_t)parse_int(n, value, 0, INT64_MAX);
         o->seed_given = 1;
     }
+}
+
+/* "flashattn 0.1.0", and the library's version too when the linked library is not the header's. */
+static int print_version(void) {
+    const int v = fa_version_number();
+    printf("flashattn %d.%d.%d", FA_VERSION_MAJOR, FA_VERSION_MINOR, FA_VERSION_PATCH);
+    if (v != FA_VERSION_NUMBER) printf(" (library %d.%d.%d)", v / 10000, v / 100 % 100, v % 100);
+    printf("\n");
+    return EXIT_OK;
 }
 
 static void parse_options(cli_options *o, int argc, char **argv) {
@@ -421,6 +445,7 @@ static void parse_options(cli_options *o, int argc, char **argv) {
             fputs(usage, stdout);
             exit(EXIT_OK);
         }
+        if (!strcmp(arg, "--version")) exit(print_version());
         if (strncmp(arg, "--", 2) != 0) bad_usage("%s: unexpected argument%s", arg, "");
         snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - arg) : (int)strlen(arg), arg);
         if (eq) value = eq + 1;
@@ -466,8 +491,8 @@ static fa_backend single_backend(cli_options *o) {
 }
 
 static void reject_bench_options(const cli_options *o) {
-    if (o->sweep || o->plot || o->peers || o->csv)
-        bad_usage("%s: --sweep, --plot, --peers and --csv are for bench%s", o->command, "");
+    if (o->sweep || o->plot || o->peers || o->csv || o->json)
+        bad_usage("%s: --sweep, --plot, --peers, --csv and --json are for bench%s", o->command, "");
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -489,9 +514,14 @@ static int cmd_info(void) {
     printf("cpu:      %ld cores online, single-threaded build\n", cores);
 #endif
     int n = fa_device_count();
-    if (n == 0)
-        printf("devices:  none%s\n",
-               fa_backend_built(FA_BACKEND_CUDA) ? " (no usable CUDA device)" : " (built without CUDA)");
+    if (n == 0) {
+        /* the library's message says what is missing: the driver, a device, or a new enough driver */
+        fa_device_info none;
+        if (fa_backend_built(FA_BACKEND_CUDA) && fa_device_get_info(0, &none) != FA_OK)
+            printf("devices:  none (%s)\n", fa_last_error());
+        else
+            printf("devices:  none (built without CUDA)\n");
+    }
     for (int d = 0; d < n; d++) {
         fa_device_info info;
         fa_status st = fa_device_get_info(d, &info);
@@ -502,12 +532,24 @@ static int cmd_info(void) {
         printf("device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB\n", d, info.name, info.cc_major,
                info.cc_minor, info.sm_count, (double)info.memory_bytes / (1u << 30));
     }
+#ifdef FA_WITH_CUDA
+    /* cuBLAS is opened at run time by the naive backend only; say whether it can be */
+    if (fa_naive_cublas_load() == FA_OK)
+        printf("cublas:   loaded (used by the naive backend)\n");
+    else
+        printf("cublas:   %s\n", fa_last_error());
+#endif
     return EXIT_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
  * run
  * ------------------------------------------------------------------------------------------------------- */
+
+/* "cuda backend on NVIDIA H100", "cpu backend on 2 CPU threads", but "cuda backend, no CUDA device". */
+static const char *device_sep(fa_backend b) {
+    return vf_backend_on_device(b) && fa_device_count() == 0 ? ", " : " on ";
+}
 
 static int written_ok(const vf_problem *pr, int backward, const char *what) {
     int64_t unwritten, overwritten;
@@ -534,7 +576,7 @@ static int cmd_run(cli_options *o) {
     char desc[256], dev[300];
     cli_describe(o, desc, sizeof desc);
     cli_device_name(b, o, dev, sizeof dev);
-    printf("flashattn run: %s backend on %s\n  problem: %s, seed %llu\n", cli_backend_name(b), dev, desc,
+    printf("flashattn run: %s backend%s%s\n  problem: %s, seed %llu\n", cli_backend_name(b), device_sep(b), dev, desc,
            (unsigned long long)o->seed);
     if (defaults && !gpu)
         printf("  (the CPU default problem, sized to finish in a few seconds on 2 cores; the options change it)\n");
@@ -557,10 +599,13 @@ static int cmd_run(cli_options *o) {
         return code;
     }
     const double ff = vf_flops(&pr, 0), fb = vf_flops(&pr, 1);
-    printf("  forward   %10.3f ms  %8.4g TFLOP/s\n", ms_f, ff / ms_f * 1e-9);
-    printf("  backward  %10.3f ms  %8.4g TFLOP/s\n", ms_b, fb / ms_b * 1e-9);
-    printf("  fwd+bwd   %10.3f ms  %8.4g TFLOP/s   (median of %d after %d warm-up; paper FLOP formula)\n", ms_f + ms_b,
-           (ff + fb) / (ms_f + ms_b) * 1e-9, repeats, warmup);
+    /* FLOP / ms in TFLOP/s on a GPU, GFLOP/s on the CPU (where TFLOP/s reads 0.0x) */
+    const double per_ms = gpu ? 1e-9 : 1e-6;
+    const char *unit = gpu ? "TFLOP/s" : "GFLOP/s";
+    printf("  forward   %10.3f ms  %8.4g %s\n", ms_f, ff / ms_f * per_ms, unit);
+    printf("  backward  %10.3f ms  %8.4g %s\n", ms_b, fb / ms_b * per_ms, unit);
+    printf("  fwd+bwd   %10.3f ms  %8.4g %s   (median of %d after %d warm-up; paper FLOP formula)\n", ms_f + ms_b,
+           (ff + fb) / (ms_f + ms_b) * per_ms, unit, repeats, warmup);
     fflush(stdout);
 
     vf_report rep;
@@ -575,8 +620,8 @@ static int cmd_run(cli_options *o) {
            (long long)rep.rows_q, (long long)rep.rows_k, vf_seconds() - t0);
     vf_report_print(stdout, &rep, "    ");
     const int ok = rep.ok && written;
-    printf("run: %s %s %.3f ms fwd+bwd, %.4g TFLOP/s, max rel err O %.1e dQ %.1e dK %.1e dV %.1e\n",
-           ok ? "PASS" : "FAIL", cli_backend_name(b), ms_f + ms_b, (ff + fb) / (ms_f + ms_b) * 1e-9, rep.err[VF_O].rel,
+    printf("run: %s %s %.3f ms fwd+bwd, %.4g %s, max rel err O %.1e dQ %.1e dK %.1e dV %.1e\n", ok ? "PASS" : "FAIL",
+           cli_backend_name(b), ms_f + ms_b, (ff + fb) / (ms_f + ms_b) * per_ms, unit, rep.err[VF_O].rel,
            rep.err[VF_DQ].rel, rep.err[VF_DK].rel, rep.err[VF_DV].rel);
     vf_problem_destroy(&pr);
     return ok ? EXIT_OK : EXIT_NUMERICAL;
@@ -594,8 +639,8 @@ static int cmd_check(cli_options *o) {
     char desc[256], dev[300];
     cli_describe(o, desc, sizeof desc);
     cli_device_name(b, o, dev, sizeof dev);
-    printf("flashattn check: %s backend on %s\n  problem: %s, seed %llu%s\n", cli_backend_name(b), dev, desc,
-           (unsigned long long)o->seed, o->bwd ? ", forward and backward" : ", forward");
+    printf("flashattn check: %s backend%s%s\n  problem: %s, seed %llu%s\n", cli_backend_name(b), device_sep(b), dev,
+           desc, (unsigned long long)o->seed, o->bwd ? ", forward and backward" : ", forward");
     fflush(stdout);
 
     vf_problem pr;
@@ -655,6 +700,7 @@ static int cmd_check(cli_options *o) {
  * ------------------------------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version"))) return print_version();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? EXIT_USAGE : EXIT_OK;

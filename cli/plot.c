@@ -22,7 +22,7 @@ static const char *const palette[] = { "#0072B2", "#E69F00", "#009E73", "#CC79A7
 #define TITLE_HEIGHT  34.0
 #define LEGEND_ROW    22.0
 #define PLOT_HEIGHT   320.0
-#define MARGIN_BOTTOM 48.0
+#define MARGIN_BOTTOM 54.0 /* group labels, then the x-axis label */
 #define MIN_WIDTH     560.0
 #define VALUE_FONT    10.0
 #define LABEL_FONT    12.0
@@ -67,7 +67,7 @@ static void format_tick(char *buf, size_t n, double v, double step) {
     snprintf(buf, n, "%.*f", digits, v);
 }
 
-int plot_bars_svg(const char *path, const char *title, const char *y_label, int n_groups,
+int plot_bars_svg(const char *path, const char *title, const char *x_label, const char *y_label, int n_groups,
                   const char *const *group_labels, int n_series, const plot_series *series) {
     if (!path || n_groups < 0 || n_series < 0 || (n_groups > 0 && !group_labels) || (n_series > 0 && !series)) {
         errno = EINVAL;
@@ -211,6 +211,12 @@ int plot_bars_svg(const char *path, const char *title, const char *y_label, int 
         fprintf(f, "</text>\n");
     }
 
+    if (x_label) {
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">", (plot_left + plot_right) / 2,
+                plot_bottom + 40);
+        put_escaped(f, x_label);
+        fprintf(f, "</text>\n");
+    }
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", plot_left, plot_top,
             plot_left, plot_bottom);
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", plot_left, plot_bottom,

@@ -13,9 +13,9 @@ typedef struct plot_series {
 
 /* Writes a grouped bar chart to `path`: n_groups groups labelled group_labels[g], each with one bar per
  * series (series[s].values[g]), value labels on the bars, a legend, and a y axis from 0 with round ticks.
- * title and y_label may be NULL. Text is XML-escaped. Returns 0 on success, -1 on an I/O error (errno kept)
- * or invalid arguments (errno = EINVAL). */
-int plot_bars_svg(const char *path, const char *title, const char *y_label, int n_groups,
+ * title, x_label (under the group labels) and y_label may be NULL. Text is XML-escaped. Returns 0 on success,
+ * -1 on an I/O error (errno kept) or invalid arguments (errno = EINVAL). */
+int plot_bars_svg(const char *path, const char *title, const char *x_label, const char *y_label, int n_groups,
                   const char *const *group_labels, int n_series, const plot_series *series);
 
 #endif /* FLASHATTN_CLI_PLOT_H */

@@ -194,6 +194,8 @@ int         fa_cuda_device_count(void);
 fa_status   fa_cuda_device_info(int32_t ordinal, fa_device_info *info);
 int         fa_cuda_is_device_pointer(const void *ptr);
 const char *fa_cuda_build_info(void);
+/* The naive backend's cuBLAS, opened with dlopen on first use: FA_OK, or FA_ERR_NOT_COMPILED saying why not. */
+fa_status   fa_naive_cublas_load(void);
 
 fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int backward);
 fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes);

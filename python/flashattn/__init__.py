@@ -21,7 +21,9 @@ from ._lib import (
     version,
 )
 
-__version__ = "0.1.0"
+from ._lib import VERSION_MAJOR as _MAJOR, VERSION_MINOR as _MINOR, VERSION_PATCH as _PATCH
+
+__version__ = f"{_MAJOR}.{_MINOR}.{_PATCH}"  # include/flashattn.h's version, as _lib mirrors it
 
 _TORCH_NAMES = (
     "flash_attn_func",
@@ -49,7 +51,17 @@ __all__ = [
 
 def __getattr__(name):
     if name in _TORCH_NAMES:
-        from . import _torch as module
+        try:
+            from . import _torch as module
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ModuleNotFoundError(
+                f"flashattn.{name} is the PyTorch entry point and needs PyTorch (>= 2.4), which is not "
+                "installed: `pip install torch`, or, for numpy arrays without PyTorch, use "
+                "flashattn.attention (and flashattn.attention_backward)",
+                name="torch",
+            ) from e
     elif name in _NUMPY_NAMES:
         from . import _numpy as module
     else:

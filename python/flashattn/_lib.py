@@ -7,6 +7,7 @@ Nothing here imports numpy or torch.
 import ctypes
 import ctypes.util
 import os
+import re
 import sys
 
 # The header this binding mirrors (FA_VERSION_NUMBER of include/flashattn.h).
@@ -162,13 +163,36 @@ def candidate_paths():
         paths.append(env)
     paths.append(os.path.join(_PACKAGE_DIR, _LIBRARY_NAME))
     repo_root = os.path.dirname(os.path.dirname(_PACKAGE_DIR))
-    paths.append(os.path.join(repo_root, "build", _LIBRARY_NAME))
+    # only when the package sits in a source tree: an installed package's grandparent is not one
+    if os.path.isfile(os.path.join(repo_root, "include", "flashattn.h")):
+        paths.append(os.path.join(repo_root, "build", _LIBRARY_NAME))
     return paths
+
+
+def _load_error(path, error):
+    """Why ctypes could not load an existing library file: the file itself, or a library it needs.
+
+    The dynamic loader names the file it could not open first ("libcudart.so.13: cannot open shared object
+    file: ..."); when that is not the library itself, the library was found and a dependency is missing."""
+    text = str(error)
+    match = re.match(r"(.+?): cannot open shared object file", text)
+    if match and os.path.basename(match.group(1)) != os.path.basename(path):
+        return ImportError(
+            f"flashattn: {path} was found but a library it depends on is missing ({match.group(1)}): install "
+            f"it or add its directory to LD_LIBRARY_PATH (`ldd {path}` lists what is not found). ({text})"
+        )
+    if "undefined symbol" in text or "version `" in text:
+        return ImportError(
+            f"flashattn: {path} was found but does not match a library it depends on ({text}); rebuild it "
+            "with `make` on this machine"
+        )
+    return ImportError(f"flashattn: cannot load {path}: {text}")
 
 
 def _load():
     env = os.environ.get("FLASHATTN_LIBRARY")
     tried = []
+    load_error = None  # the first library that exists but does not load: what to report if none loads
     for path in candidate_paths():
         if not os.path.exists(path):
             tried.append(f"{path} (not found)")
@@ -179,14 +203,18 @@ def _load():
             return ctypes.CDLL(path), path
         except OSError as e:
             if env and path == env:
-                raise ImportError(f"flashattn: cannot load FLASHATTN_LIBRARY={env}: {e}") from e
+                raise _load_error(env, e) from e
+            load_error = load_error or (_load_error(path, e), e)
             tried.append(f"{path} ({e})")
     found = ctypes.util.find_library("flashattn")
     if found:
         try:
             return ctypes.CDLL(found), found
         except OSError as e:
+            load_error = load_error or (_load_error(found, e), e)
             tried.append(f"{found} ({e})")
+    if load_error:
+        raise load_error[0] from load_error[1]
     raise ImportError(
         "flashattn: cannot find " + _LIBRARY_NAME + "; build it with `make` in the repository root, or set "
         "FLASHATTN_LIBRARY to its path. Tried: " + "; ".join(tried)

@@ -37,9 +37,29 @@ extern "C" int fa_cuda_device_count(void) {
     return n;
 }
 
+/* Why no device is usable. The CUDA runtime is linked statically and opens the driver (libcuda.so.1) itself,
+ * so a machine without the driver reaches this point too, with cudaGetDeviceCount failing. */
+static fa_status no_device(void) {
+    int         n = 0, driver = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    cudaGetLastError();
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0; /* 0 also means: no driver installed */
+    cudaGetLastError();
+    if (driver == 0)
+        return fa_fail(FA_ERR_NO_DEVICE, "no CUDA driver: libcuda.so.1 could not be loaded (the NVIDIA driver is "
+                                         "not installed); the cpu and reference backends do not need it");
+    if (err == cudaErrorInsufficientDriver)
+        return fa_fail(FA_ERR_NO_DEVICE, "the CUDA driver supports CUDA %d.%d but this library's runtime is CUDA %d.%d: "
+                                         "update the NVIDIA driver", driver / 1000, driver % 1000 / 10,
+                       CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+    if (err != cudaSuccess)
+        return fa_fail(FA_ERR_NO_DEVICE, "no usable CUDA device: %s (%s)", cudaGetErrorString(err), cudaGetErrorName(err));
+    return fa_fail(FA_ERR_NO_DEVICE, "no CUDA device is present");
+}
+
 extern "C" fa_status fa_cuda_device_info(int32_t ordinal, fa_device_info *info) {
     const int n = fa_cuda_device_count();
-    if (n == 0) return fa_fail(FA_ERR_NO_DEVICE, "no CUDA device is present");
+    if (n == 0) return no_device();
     if (ordinal < 0 || ordinal >= n)
         return fa_fail(FA_ERR_NO_DEVICE, "device %d does not exist (%d device%s present)", ordinal, n, n == 1 ? "" : "s");
     cudaDeviceProp prop;

@@ -9,8 +9,11 @@
  * All matrices are row-major; cuBLAS sees them as column-major transposes (a row-major m x n matrix with row
  * stride ld is the column-major n x m matrix with leading dimension ld).
  */
-#include <cublas_v2.h>
+#include <cublas_v2.h> /* types and constants only: the functions are looked up at run time (cublas_load) */
+#include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "common.cuh"
@@ -28,12 +31,69 @@ static size_t align_up(size_t x) {
  * cuBLAS plumbing
  * ------------------------------------------------------------------------------------------------------- */
 
+/* cuBLAS is opened with dlopen when the naive backend is first checked or run, not linked: libflashattn.so
+ * then has no link-time dependency on it, and the CPU backends load on machines without the CUDA toolkit.
+ * The soname is the major version of the headers this file was compiled with (cuBLAS keeps its ABI within
+ * a major version). */
+#define NAIVE_STR2(x) #x
+#define NAIVE_STR(x) NAIVE_STR2(x)
+#define CUBLAS_SONAME "libcublas.so." NAIVE_STR(CUBLAS_VER_MAJOR)
+
+/* The cuBLAS functions this file calls, by their exported names (cublas_v2.h maps cublasCreate and
+ * cublasSetStream to the _v2 symbols). */
+static struct {
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                           const void *, const void *, cudaDataType, int, long long, const void *,
+                                           cudaDataType, int, long long, const void *, void *, cudaDataType, int,
+                                           long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+    const char *(*status_string)(cublasStatus_t);
+    const char *(*status_name)(cublasStatus_t);
+} cublas;
+static pthread_once_t cublas_once = PTHREAD_ONCE_INIT;
+static char           cublas_error[512]; /* why loading failed; empty once loaded */
+
+static void cublas_load_once(void) {
+    void *h = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *why = dlerror();
+        snprintf(cublas_error, sizeof cublas_error,
+                 "%s could not be loaded (%s): the naive backend needs cuBLAS %d (the CUDA toolkit's lib64, or "
+                 "the nvidia-cublas pip package) on the library search path, e.g. in LD_LIBRARY_PATH",
+                 CUBLAS_SONAME, why ? why : "dlopen failed", CUBLAS_VER_MAJOR);
+        return;
+    }
+    static const char *const names[] = { "cublasCreate_v2", "cublasSetStream_v2", "cublasGemmStridedBatchedEx",
+                                         "cublasGetStatusString", "cublasGetStatusName" };
+    void *fns[5];
+    for (int i = 0; i < 5; i++) {
+        if (!(fns[i] = dlsym(h, names[i]))) {
+            snprintf(cublas_error, sizeof cublas_error, "%s was loaded but has no symbol %s", CUBLAS_SONAME, names[i]);
+            dlclose(h);
+            return;
+        }
+    }
+    /* POSIX guarantees that a dlsym result converts to a function pointer; memcpy says so to C++ too. */
+    memcpy(&cublas.create, &fns[0], sizeof fns[0]);
+    memcpy(&cublas.set_stream, &fns[1], sizeof fns[1]);
+    memcpy(&cublas.gemm_strided_batched, &fns[2], sizeof fns[2]);
+    memcpy(&cublas.status_string, &fns[3], sizeof fns[3]);
+    memcpy(&cublas.status_name, &fns[4], sizeof fns[4]);
+    /* h is never closed: the handles and function pointers refer into it for the life of the process */
+}
+
+extern "C" fa_status fa_naive_cublas_load(void) {
+    pthread_once(&cublas_once, cublas_load_once);
+    return cublas_error[0] ? fa_fail(FA_ERR_NOT_COMPILED, "naive backend: %s", cublas_error) : FA_OK;
+}
+
 static fa_status cublas_status(cublasStatus_t s, const char *what) {
     if (s == CUBLAS_STATUS_SUCCESS) return FA_OK;
     fa_status st = s == CUBLAS_STATUS_ALLOC_FAILED ? FA_ERR_OUT_OF_MEMORY
                    : s == CUBLAS_STATUS_INVALID_VALUE || s == CUBLAS_STATUS_NOT_SUPPORTED ? FA_ERR_UNSUPPORTED
                                                                                           : FA_ERR_DEVICE;
-    return fa_fail(st, "%s: %s (%s)", what, cublasGetStatusString(s), cublasGetStatusName(s));
+    return fa_fail(st, "%s: %s (%s)", what, cublas.status_string(s), cublas.status_name(s));
 }
 
 /* One handle per thread and device (handles must not be shared by concurrent threads). */
@@ -44,12 +104,12 @@ static fa_status naive_handle(const fa_cuda_device *dev, cudaStream_t stream, cu
     if (dev->ordinal >= NAIVE_MAX_DEVICES) return fa_fail(FA_ERR_UNSUPPORTED, "device ordinal %d >= %d", dev->ordinal, NAIVE_MAX_DEVICES);
     cublasHandle_t *slot = &naive_handles[dev->ordinal];
     fa_status       st;
-    if (!*slot && (st = cublas_status(cublasCreate(slot), "cublasCreate")) != FA_OK) {
+    if (!*slot && (st = cublas_status(cublas.create(slot), "cublasCreate")) != FA_OK) {
         *slot = NULL;
         return st;
     }
     *h = *slot;
-    return cublas_status(cublasSetStream(*h, stream), "cublasSetStream");
+    return cublas_status(cublas.set_stream(*h, stream), "cublasSetStream");
 }
 
 static cudaDataType_t cuda_type(fa_dtype t) {
@@ -66,7 +126,7 @@ static fa_status gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t 
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX ||
         batch > INT32_MAX)
         return fa_fail(FA_ERR_UNSUPPORTED, "naive backend: a matrix size or stride exceeds cuBLAS's int range");
-    return cublas_status(cublasGemmStridedBatchedEx(h, ta, tb, (int)m, (int)n, (int)k, &one, A, at, (int)lda, sa, B,
+    return cublas_status(cublas.gemm_strided_batched(h, ta, tb, (int)m, (int)n, (int)k, &one, A, at, (int)lda, sa, B,
                                                     bt, (int)ldb, sb, &beta, C, ct, (int)ldc, sc, (int)batch,
                                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                          "cublasGemmStridedBatchedEx");
@@ -252,7 +312,7 @@ extern "C" fa_status naive_supported(const fa_params *p, const fa_cuda_device *d
             return fa_fail(FA_ERR_UNSUPPORTED, "naive backend: %s.stride_seq (%lld) < head_dim (%d): cuBLAS needs row "
                            "strides of at least one row", nm[i], (long long)ts[i]->stride_seq, p->head_dim);
     }
-    return FA_OK;
+    return fa_naive_cublas_load(); /* every check, workspace query and run passes here before cuBLAS is called */
 }
 
 /* Layout of the workspace; every size a multiple of NAIVE_ALIGN. */
