@@ -1,54 +1,107 @@
 #!/usr/bin/env python3
-"""Markdown tables for the README's Results section from one device run's files:
+"""Markdown tables for the README and docs/results.md from one bench/compare.py run:
 
-    python3 tools/results_table.py DIR      # DIR holds bench.csv and peers.json (tools/device.sh bench)
+    python3 tools/results_table.py compare.json [--tree HASH]
 
-One row per (pass, head_dim, causal, seqlen) of the paper's sweep: ours (the cuda backend with its default
-kernel choice), PyTorch SDPA's FlashAttention-2 and cuDNN backends, the naive baseline, and the ratios of ours
-to the two peers. If DIR also holds fa2.csv (the same sweep under FLASHATTN_KERNEL=fa2), a column gives the
-FA2 kernels' figures and their ratio to PyTorch's FA2.
+One table per set of the run (paper, decode, llama, overhead): each implementation's median over the rounds,
+and the ratios ours/cuDNN and ours/FA2 as `median [min-max]` of the per-round ratios (peer time over ours:
+above 1 we are faster). Cells below 1.0x cuDNN are in bold, so that the losses read as plainly as the wins. A
+first line names the card, the date, the tree, the timer and the ceilings the run measured.
 """
-import csv
+import argparse
 import json
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import compare_core as core  # noqa: E402
 
-def read_bench(path, label=None):
-    rows = {}
-    for r in csv.DictReader(open(path)):
-        if r["status"].strip() != "FA_OK":
+IMPL_NAMES = {"ours": "flashattn", "ours-direct": "flashattn (library call)", "cudnn": "cuDNN", "flash": "FA2 (SDPA)",
+              "efficient": "SDPA efficient", "flex": "FlexAttention", "sdpa": "SDPA"}
+
+
+def fmt(x):
+    if x is None:
+        return "-"
+    return "%.0f" % x if x >= 100 else ("%.1f" % x if x >= 10 else "%.2f" % x)
+
+
+def ratio_cell(e):
+    if e is None:
+        return "-"
+    text = "%.2f [%.2f-%.2f]" % (e["median"], e["min"], e["max"])
+    return "**%s**" % text if e["den"] == "cudnn" and e["median"] < 1.0 else text
+
+
+def header(meta, ceilings, tree):
+    opts = meta.get("options", {})
+    dirty = " (uncommitted changes)" if meta.get("git_dirty") and not tree else ""
+    parts = ["%s (%s SMs, driver %s)" % (meta.get("device_name", "GPU"), meta.get("sm_count", "?"), meta.get("driver", "?")),
+             "%s UTC" % meta.get("date_utc", "?"), "tree %s%s" % (tree or meta.get("git", "?"), dirty),
+             "PyTorch %s, cuDNN %s" % (meta.get("torch"), meta.get("cudnn"))]
+    timer = "timer %s, L2 %s, %s rounds, %s ms blocks" % (opts.get("mode"), opts.get("l2"), opts.get("rounds"),
+                                                          opts.get("block_ms"))
+    ceil = []
+    start, end = ceilings.get("start", {}), ceilings.get("end", {})
+    if start.get("gemm_tflops"):
+        ceil.append("bf16 GEMM 8192^3 %s / %s TFLOP/s at the start / end" % (fmt(start["gemm_tflops"]),
+                                                                           fmt(end.get("gemm_tflops"))))
+    if start.get("copy_tbps"):
+        ceil.append("device copy %.2f TB/s" % start["copy_tbps"])
+    return "Measured by `bench/compare.py` on %s; %s%s." % (", ".join(parts), timer,
+                                                          ("; " + ", ".join(ceil)) if ceil else "")
+
+
+def tables(data, tree=None):
+    recs = data["records"]
+    out = [header(data.get("meta", {}), data.get("ceilings", {}), tree), ""]
+    ratios = {(e["set"], e["shape"], e["pass"], e["num"], e["den"]): e for e in core.ratio_entries(recs)}
+    for set_name in core.SET_NAMES:
+        srecs = [r for r in recs if r["set"] == set_name]
+        if not srecs:
             continue
-        key = (r["pass"], int(r["head_dim"]), r["causal"] == "1", int(r["seqlen_q"]))
-        rows.setdefault(key, {})[label or r["backend"]] = float(r["tflops"])
-    return rows
+        impls = [i for i in ("ours", "ours-direct", "cudnn", "flash", "sdpa", "efficient", "flex")
+                 if any(r["impl"] == i for r in srecs)]
+        pairs = [p for p in core.RATIO_PAIRS.get(set_name, ()) if p[1] in impls]
+        unit = srecs[0]["unit"]
+        out.append("%s (%s)" % (set_name, unit))
+        out.append("")
+        cols = ["shape", "pass"] + [IMPL_NAMES.get(i, i) for i in impls] + \
+               ["vs %s" % IMPL_NAMES.get(d, d) for _, d in pairs]
+        out.append("| " + " | ".join(cols) + " |")
+        out.append("|" + "---|" * len(cols))
+        seen = []
+        for r in srecs:
+            key = (r["shape"], r["pass"])
+            if key not in seen:
+                seen.append(key)
+        for shape, pass_ in seen:
+            by_impl = {r["impl"]: r for r in srecs if r["shape"] == shape and r["pass"] == pass_}
+            row = [shape, pass_] + [fmt(by_impl[i]["median"]) if i in by_impl else "-" for i in impls]
+            row += [ratio_cell(ratios.get((set_name, shape, pass_, n, d))) for n, d in pairs]
+            out.append("| " + " | ".join(row) + " |")
+        means = []
+        for pass_ in [p for p in core.PASSES if any(q == p for _, q in seen)]:
+            for n, d in pairs:
+                vals = [ratios[(set_name, s, p, n, d)]["median"] for s, p in seen
+                        if p == pass_ and (set_name, s, p, n, d) in ratios]
+                if len(vals) > 1:
+                    means.append("%s vs %s %.2f" % (pass_, IMPL_NAMES.get(d, d), core.geomean(vals)))
+        if means:
+            out.append("")
+            out.append("Geometric means of the ratios over the set's %d shapes: %s." % (
+                len({s for s, _ in seen}), "; ".join(means)))
+        out.append("")
+    return "\n".join(out)
 
 
-def main(folder):
-    ours = read_bench(os.path.join(folder, "bench.csv"))
-    fa2_path = os.path.join(folder, "fa2.csv")
-    fa2 = read_bench(fa2_path, "fa2") if os.path.exists(fa2_path) else {}
-    peers = {}
-    for r in json.load(open(os.path.join(folder, "peers.json"))):
-        key = (r["pass"], r["head_dim"], bool(r["causal"]), r["seqlen"])
-        peers.setdefault(key, {})[r["impl"]] = r["tflops"]
-    extra = " flashattn FA2 kernels | FA2 kernels vs FA2 |" if fa2 else ""
-    print("| pass | head_dim | causal | seqlen | flashattn | torch flash (FA2) | cuDNN | naive | vs FA2 | vs cuDNN |"
-          + extra)
-    print("|---" * (12 if fa2 else 10) + "|")
-    for key in sorted(ours, key=lambda k: (k[0] != "fwd", k[1], k[2], k[3])):
-        o, p = ours[key], peers.get(key, {})
-        cuda, fl, cu = o.get("cuda"), p.get("torch-flash"), p.get("torch-cudnn")
-        cell = lambda x: "%.0f" % x if x else "-"
-        ratio = lambda a, b: "%.2f" % (a / b) if a and b else "-"
-        line = "| %s | %d | %s | %d | %s | %s | %s | %s | %s | %s |" % (
-            key[0], key[1], "yes" if key[2] else "no", key[3], cell(cuda), cell(fl), cell(cu),
-            cell(o.get("naive")), ratio(cuda, fl), ratio(cuda, cu))
-        if fa2:
-            f = fa2.get(key, {}).get("fa2")
-            line += " %s | %s |" % (cell(f), ratio(f, fl))
-        print(line)
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", help="a bench/compare.py --json file")
+    ap.add_argument("--tree", help="the commit the run measured, when the run's own git field is stale")
+    args = ap.parse_args()
+    print(tables(json.load(open(args.json)), args.tree))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".")
+    main()
