@@ -426,11 +426,30 @@ def _eager(*tensors):
     return not torch.compiler.is_compiling()
 
 
-def _cache():
+def _lookup(key, prepare):
+    """The prepared call of `key` in this thread's cache, made by prepare() on a miss (which runs the checks, so
+    bad arguments raise there); None where the custom ops take the call."""
     cache = getattr(_prepared, "cache", None)
     if cache is None or len(cache) >= _PREPARED_MAX:
         cache = _prepared.cache = {}
-    return cache
+    try:
+        fwd = cache.get(key, False)
+    except TypeError:  # an option of an unhashable type (a list window): the custom ops read it
+        return None
+    if fwd is False:
+        fwd = cache[key] = prepare()
+    return fwd
+
+
+def _tensor_key(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def _usable(fwd, q, k, v):
+    """fwd, unless this call's data is not 16-byte aligned on a GPU (the custom ops copy it)."""
+    if fwd is None or (fwd.cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16):
+        return None
+    return fwd
 
 
 def _fits(t):
@@ -524,60 +543,43 @@ def _eager_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap
     """The prepared forward of a dense call, or None where the custom ops take it."""
     if dropout_p or not _eager(q, k, v) or (alibi_slopes is not None and type(alibi_slopes) is not torch.Tensor):
         return None
-    alibi_key = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
-                                                   alibi_slopes.get_device())
-    key = ("dense", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-           q.is_cuda, q.get_device(), k.get_device(), v.get_device(), softmax_scale, causal, window_size, softcap,
-           alibi_key)
-    cache = _cache()
-    try:
-        fwd = cache.get(key, False)
-    except TypeError:  # an option of an unhashable type (a list window): the custom ops read it
-        return None
-    if fwd is False:
+
+    def prepare():
         scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
         sizes = _check_dense(q, k, v, alibi_slopes)
         batch, seqlen_q, _, heads_q, _, head_dim = sizes
-        fwd = None
-        if _pad_target(q) == head_dim:
-            fwd = _prepare_forward(q, k, v, sizes, False, (scale, bool(causal), wl, wr, cap), alibi_slopes,
-                                   (batch, heads_q, seqlen_q), batch * seqlen_q * heads_q)
-        cache[key] = fwd
-    if fwd is None or (fwd.cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16):
-        return None
-    return fwd
+        if _pad_target(q) != head_dim:
+            return None
+        return _prepare_forward(q, k, v, sizes, False, (scale, bool(causal), wl, wr, cap), alibi_slopes,
+                                (batch, heads_q, seqlen_q), batch * seqlen_q * heads_q)
+
+    key = ("dense", _tensor_key(q), _tensor_key(k), _tensor_key(v), q.is_cuda, softmax_scale, causal, window_size,
+           softcap, _tensor_key(alibi_slopes))
+    return _usable(_lookup(key, prepare), q, k, v)
 
 
 def _eager_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                   causal, window_size, softcap, alibi_slopes):
+    """The prepared forward of a varlen call, or None where the custom ops take it."""
     if dropout_p or not _eager(q, k, v, cu_seqlens_q, cu_seqlens_k) or (
             alibi_slopes is not None and type(alibi_slopes) is not torch.Tensor):
         return None
-    alibi_key = None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
-                                                   alibi_slopes.get_device())
-    key = ("varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-           q.is_cuda, q.get_device(), k.get_device(), v.get_device(), cu_seqlens_q.shape, cu_seqlens_q.stride(),
-           cu_seqlens_q.dtype, cu_seqlens_q.get_device(), cu_seqlens_k.shape, cu_seqlens_k.stride(),
-           cu_seqlens_k.dtype, cu_seqlens_k.get_device(), max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-           window_size, softcap, alibi_key)
-    cache = _cache()
-    try:
-        fwd = cache.get(key, False)
-    except TypeError:
-        return None
-    if fwd is False:
+
+    def prepare():
         scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
         sizes = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                               alibi_slopes)
         heads_q, total_q, head_dim = sizes[3], sizes[1], sizes[5]
-        fwd = None
-        if _pad_target(q) == head_dim and cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous():
-            fwd = _prepare_forward(q, k, v, sizes, True, (scale, bool(causal), wl, wr, cap), alibi_slopes,
-                                   (heads_q, total_q), heads_q * total_q)
-        cache[key] = fwd
-    if fwd is None or (fwd.cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16):
-        return None
-    if not fwd.cuda:  # host cu_seqlens are read on every call: their values are part of no key
+        if _pad_target(q) != head_dim or not (cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous()):
+            return None
+        return _prepare_forward(q, k, v, sizes, True, (scale, bool(causal), wl, wr, cap), alibi_slopes,
+                                (heads_q, total_q), heads_q * total_q)
+
+    key = ("varlen", _tensor_key(q), _tensor_key(k), _tensor_key(v), q.is_cuda, _tensor_key(cu_seqlens_q),
+           _tensor_key(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap,
+           _tensor_key(alibi_slopes))
+    fwd = _usable(_lookup(key, prepare), q, k, v)
+    if fwd is not None and not fwd.cuda:  # host cu_seqlens are read on every call: their values are in no key
         _check_cu_seqlens_host("cu_seqlens_q", cu_seqlens_q, fwd.sizes[1])
         _check_cu_seqlens_host("cu_seqlens_k", cu_seqlens_k, fwd.sizes[2])
     return fwd
