@@ -87,28 +87,14 @@ CPU_SCALE = {"tokens": 512, "hidden": 128, "head_dims": (64,), "seqlens": (128, 
              "llama": ((1, 256),), "llama_heads": (4, 1, 64)}
 
 
-def int_list(text):
-    return [int(x) for x in text.split(",") if x]
-
-
-def name_list(allowed):
-    def parse(text):
-        names = [x for x in text.split(",") if x]
-        bad = [x for x in names if x not in allowed]
-        if bad:
-            raise argparse.ArgumentTypeError("unknown %s (choose from %s)" % (",".join(bad), ",".join(allowed)))
-        return names
-    return parse
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impls", type=name_list(ALL_IMPLS), default=list(DEFAULT_IMPLS))
-    ap.add_argument("--sets", type=name_list(core.SET_NAMES), default=list(core.SET_NAMES))
-    ap.add_argument("--passes", type=name_list(core.PASSES), default=list(core.PASSES),
+    ap.add_argument("--impls", type=core.name_list(ALL_IMPLS), default=list(DEFAULT_IMPLS))
+    ap.add_argument("--sets", type=core.name_list(core.SET_NAMES), default=list(core.SET_NAMES))
+    ap.add_argument("--passes", type=core.name_list(core.PASSES), default=list(core.PASSES),
                     help="passes of the paper and llama sets (decode is forward only)")
-    ap.add_argument("--head-dims", type=int_list, help="paper set (default 64,128,256)")
-    ap.add_argument("--seqlens", type=int_list, help="paper set (default 512,...,16384)")
+    ap.add_argument("--head-dims", type=core.int_list, help="paper set (default 64,128,256)")
+    ap.add_argument("--seqlens", type=core.int_list, help="paper set (default 512,...,16384)")
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both", help="paper set")
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16 (cpu: fp32)")
     ap.add_argument("--rounds", type=int, default=3)

@@ -8,6 +8,7 @@ figure), `values` the same rounds in the record's unit. Ratios ours/peer are pee
 round, so above 1.0 means ours is faster whatever the unit.
 """
 
+import argparse
 import math
 import statistics
 
@@ -175,6 +176,22 @@ def round_ratios(ours_ms, peer_ms):
 def derived_difference(total, part):
     """Round by round total - part (the overhead set's backward: (fwd + bwd) - fwd with grad)."""
     return [t - p if t is not None and p is not None else None for t, p in zip(total, part)]
+
+
+def int_list(text):
+    """argparse type: "1,2,3" -> [1, 2, 3]."""
+    return [int(x) for x in text.split(",") if x]
+
+
+def name_list(allowed):
+    """argparse type: comma-separated names, each one of `allowed`."""
+    def parse(text):
+        names = [x for x in text.split(",") if x]
+        bad = [x for x in names if x not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError("unknown %s (choose from %s)" % (",".join(bad), ",".join(allowed)))
+        return names
+    return parse
 
 
 def geomean(values):

@@ -24,6 +24,7 @@ Shapes an implementation refuses (or runs out of memory on) are left out of the 
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -31,6 +32,9 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_core as core  # noqa: E402 (the argument parsers both benchmark scripts use)
 
 IMPLS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -204,28 +208,14 @@ def ceilings(args):
     return {"gemm_bf16_tflops": round(gemm, 1), "copy_tbps": round(copy_tbps, 3)}
 
 
-def int_list(text):
-    return [int(x) for x in text.split(",") if x]
-
-
-def name_list(allowed):
-    def parse(text):
-        names = [x for x in text.split(",") if x]
-        bad = [x for x in names if x not in allowed]
-        if bad:
-            raise argparse.ArgumentTypeError("unknown %s (choose from %s)" % (",".join(bad), ",".join(allowed)))
-        return names
-    return parse
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--impls", type=name_list(list(IMPLS)), default=["flash", "cudnn"],
+    ap.add_argument("--impls", type=core.name_list(list(IMPLS)), default=["flash", "cudnn"],
                     help="SDPA backends to time, comma-separated (default flash,cudnn)")
-    ap.add_argument("--head-dims", type=int_list, default=[64, 128, 256])
-    ap.add_argument("--seqlens", type=int_list, default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--head-dims", type=core.int_list, default=[64, 128, 256])
+    ap.add_argument("--seqlens", type=core.int_list, default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both")
-    ap.add_argument("--passes", type=name_list(["fwd", "bwd"]), default=["fwd", "bwd"])
+    ap.add_argument("--passes", type=core.name_list(["fwd", "bwd"]), default=["fwd", "bwd"])
     ap.add_argument("--tokens", type=int, default=16384, help="batch * seqlen (default 16384)")
     ap.add_argument("--hidden", type=int, default=2048, help="heads * head_dim (default 2048)")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
@@ -234,7 +224,7 @@ def main():
     ap.add_argument("--ceilings", action="store_true", help="also measure the bf16 GEMM and copy ceilings")
     ap.add_argument("--ceilings-json", metavar="FILE", help="write the ceilings as a JSON object")
     ap.add_argument("--cpu", action="store_true", help="time PyTorch's CPU SDPA flash kernel instead")
-    ap.add_argument("--threads", type=int_list, default=[1], help="CPU thread counts for --cpu (e.g. 1,16)")
+    ap.add_argument("--threads", type=core.int_list, default=[1], help="CPU thread counts for --cpu (e.g. 1,16)")
     ap.add_argument("--cpu-reps", type=int, default=5)
     ap.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
     args = ap.parse_args()
