@@ -82,6 +82,11 @@ class BuildPyWithLibrary(build_py):
             target = os.path.join(self.build_lib, "flashattn", NAME)
             self.announce(f"bundling {lib} as {target}", level=2)
             shutil.copyfile(lib, target)
+            # The licence goes with the library it covers (Apache-2.0 asks that copies carry it); it sits in the
+            # repository root, outside what setuptools' license-files may name (no "..").
+            licence = os.path.join(ROOT, "LICENSE")
+            if os.path.isfile(licence):
+                shutil.copyfile(licence, os.path.join(self.build_lib, "flashattn", "LICENSE"))
 
 
 try:  # setuptools >= 70.1 has bdist_wheel itself; before, the wheel package provides it

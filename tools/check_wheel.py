@@ -1,7 +1,7 @@
 """Checks an installed flashattn wheel from outside the source tree (make test-wheel runs it in a fresh venv):
 the package imports the library bundled in it, not one of a build tree or of $FLASHATTN_LIBRARY; the wheel's
 name, the package and the library all carry the version of include/flashattn.h; the wheel is tagged for any
-Python 3.
+Python 3 and carries the licence.
 
     python tools/check_wheel.py WHEEL VERSION
 """
@@ -22,6 +22,7 @@ def main():
     package_dir = os.path.dirname(os.path.abspath(flashattn.__file__))
     bundled = os.path.realpath(flashattn.library_path).startswith(os.path.realpath(package_dir) + os.sep)
     checks += [(bundled, f"library loaded from {flashattn.library_path}, not from the package ({package_dir})"),
+               (os.path.isfile(os.path.join(package_dir, "LICENSE")), "the package has no LICENSE"),
                (flashattn.__version__ == flashattn.version() == version,
                 f"versions differ: package {flashattn.__version__}, library {flashattn.version()}, header {version}")]
     print(f"wheel {name}: flashattn {flashattn.__version__} from {package_dir}, library {flashattn.library_path}")
