@@ -738,9 +738,17 @@ def _sdpa_check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
             "mask. Use is_causal=True, or flash_attn_func on (batch, seqlen, heads, head_dim) tensors for "
             "bottom-right causal, sliding-window (window_size), softcap and ALiBi (alibi_slopes) masks")
     _common.check_dropout(dropout_p)
+    if query.dtype not in _DTYPES:
+        raise TypeError(f"query must be float16, bfloat16 or float32, got {query.dtype}")
     for name, t in names[1:]:
         if t.dtype != query.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but query has dtype {query.dtype}; they must match")
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device} but query is on {query.device}; they must be on one device")
+    for name, t in names:  # the kernels read head_dim as a contiguous vector; PyTorch would copy, we ask
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim), got strides "
+                             f"{t.stride()}; .contiguous() makes it so")
     (batch, heads_q, seqlen_q, head_dim), (_, heads_kv, seqlen_k, _) = query.shape, key.shape
     if key.shape[0] != batch or value.shape[0] != batch:
         raise ValueError(f"query, key and value must have one batch size, got {batch}, {key.shape[0]} and "

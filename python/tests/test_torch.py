@@ -824,6 +824,10 @@ def test_sdpa_rejects_what_it_would_compute_differently():
         sdpa(q[0], k[0], v[0])
     with pytest.raises(TypeError, match="value has dtype torch.float16"):
         sdpa(q, k, v.half())
+    with pytest.raises(TypeError, match="query must be float16, bfloat16 or float32"):
+        sdpa(q.double(), k.double(), v.double())
+    with pytest.raises(ValueError, match="key must be contiguous in its last dimension"):
+        sdpa(q, k.transpose(2, 3).contiguous().transpose(2, 3), v)
     with pytest.raises(ValueError, match="head_dim"):
         sdpa(q, k, torch.randn(1, 4, 8, 32))
 
@@ -865,3 +869,10 @@ def test_sdpa_torch_compile_fullgraph(device):
     assert max_err(loss, loss_e) <= 1e-3 * max(1.0, abs(loss_e.item()))
     for a, b in zip(grads, grads_e):
         assert max_err(a, b) <= 2e-2 * max(1.0, b.abs().max().item())
+
+
+@needs_cuda
+def test_sdpa_device_mismatch():
+    q = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="key is on cpu but query is on cuda"):
+        flashattn.scaled_dot_product_attention(q, q.cpu(), q)
