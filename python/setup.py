@@ -10,6 +10,11 @@ found). Without a library and without the Makefile to build one, the install fai
 than producing a package that cannot import. An editable install (`pip install -e python/`) copies nothing:
 the package loads the library from the build tree, so a rebuild takes effect without reinstalling; it too
 builds the library when it is missing.
+
+Wheel: `pip wheel python/ -w dist` bundles the library the same way. The package is pure Python and loads
+the library with ctypes, so the wheel fits every Python 3 (tag py3-none) but only the platform the library
+was built for (linux_x86_64 here; `make wheel` builds a portable library and lets auditwheel replace that
+tag by the manylinux one the library's glibc symbol versions allow).
 """
 
 import os
@@ -77,6 +82,32 @@ class BuildPyWithLibrary(build_py):
             target = os.path.join(self.build_lib, "flashattn", NAME)
             self.announce(f"bundling {lib} as {target}", level=2)
             shutil.copyfile(lib, target)
+            # The licence goes with the library it covers (Apache-2.0 asks that copies carry it); it sits in the
+            # repository root, outside what setuptools' license-files may name (no "..").
+            licence = os.path.join(ROOT, "LICENSE")
+            if os.path.isfile(licence):
+                shutil.copyfile(licence, os.path.join(self.build_lib, "flashattn", "LICENSE"))
+
+
+try:  # setuptools >= 70.1 has bdist_wheel itself; before, the wheel package provides it
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
+
+CMDCLASS = {"build_py": BuildPyWithLibrary}
+
+if bdist_wheel is not None:
+    class BdistWheelAnyPython(bdist_wheel):
+        """py3-none-<platform>: no Python extension module is compiled, so neither the interpreter nor its ABI
+        matters, only the platform of the bundled library."""
+
+        def get_tag(self):
+            return ("py3", "none", super().get_tag()[2])
+
+    CMDCLASS["bdist_wheel"] = BdistWheelAnyPython
 
 
 class BinaryDistribution(Distribution):
@@ -84,4 +115,4 @@ class BinaryDistribution(Distribution):
         return True  # the wheel bundles a shared library, so it is platform-specific
 
 
-setup(version=read_version(), cmdclass={"build_py": BuildPyWithLibrary}, distclass=BinaryDistribution)
+setup(version=read_version(), cmdclass=CMDCLASS, distclass=BinaryDistribution)

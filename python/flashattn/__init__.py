@@ -2,10 +2,12 @@
 
     import flashattn
     out = flashattn.flash_attn_func(q, k, v, causal=True)    # PyTorch, flash-attn 2.x compatible
+    out = flashattn.scaled_dot_product_attention(q, k, v)    # PyTorch, SDPA's (batch, heads, seqlen, head_dim)
     out = flashattn.attention(q, k, v, causal=True)          # numpy arrays, CPU backend
 
-The PyTorch functions (flash_attn_func, flash_attn_varlen_func, ...) import torch on first use and the numpy
-ones (attention, attention_backward) import numpy on first use, so neither is needed to import the package.
+The PyTorch functions (flash_attn_func, flash_attn_varlen_func, scaled_dot_product_attention, ...) import
+torch on first use and the numpy ones (attention, attention_backward) import numpy on first use, so neither
+is needed to import the package.
 The library is found through $FLASHATTN_LIBRARY, next to this package, or in the repository's build/ tree;
 `library_path` says which one was loaded.
 """
@@ -32,6 +34,7 @@ _TORCH_NAMES = (
     "flash_attn_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
+    "scaled_dot_product_attention",
 )
 _NUMPY_NAMES = ("attention", "attention_backward")
 

@@ -721,3 +721,84 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 def _shape_of(x):
     return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+# ---- PyTorch's scaled_dot_product_attention, on PyTorch's (batch, heads, seqlen, head_dim) layout ----
+
+def _sdpa_check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    """SDPA's argument rules for what this entry point supports; anything it would compute differently from
+    torch.nn.functional.scaled_dot_product_attention raises instead."""
+    names = (("query", query), ("key", key), ("value", value))
+    for name, t in names:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "attn_mask is not supported by flashattn.scaled_dot_product_attention: it computes no arbitrary "
+            "mask. Use is_causal=True, or flash_attn_func on (batch, seqlen, heads, head_dim) tensors for "
+            "bottom-right causal, sliding-window (window_size), softcap and ALiBi (alibi_slopes) masks")
+    _common.check_dropout(dropout_p)
+    if query.dtype not in _DTYPES:
+        raise TypeError(f"query must be float16, bfloat16 or float32, got {query.dtype}")
+    for name, t in names[1:]:
+        if t.dtype != query.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but query has dtype {query.dtype}; they must match")
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device} but query is on {query.device}; they must be on one device")
+    for name, t in names:  # the kernels read head_dim as a contiguous vector; PyTorch would copy, we ask
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim), got strides "
+                             f"{t.stride()}; .contiguous() makes it so")
+    (batch, heads_q, seqlen_q, head_dim), (_, heads_kv, seqlen_k, _) = query.shape, key.shape
+    if key.shape[0] != batch or value.shape[0] != batch:
+        raise ValueError(f"query, key and value must have one batch size, got {batch}, {key.shape[0]} and "
+                         f"{value.shape[0]} (broadcast a batch of 1 with expand first)")
+    if key.shape[3] != head_dim or value.shape[3] != head_dim:
+        raise ValueError(f"query, key and value must have one head_dim, got {head_dim}, {key.shape[3]} and "
+                         f"{value.shape[3]} (a value head_dim other than the query's is not supported)")
+    if value.shape[2] != seqlen_k:
+        raise ValueError(f"key and value must have one seqlen, got {seqlen_k} and {value.shape[2]}")
+    if value.shape[1] != heads_kv:
+        raise ValueError(f"key and value must have one number of heads, got {heads_kv} and {value.shape[1]}")
+    # PyTorch's rules: with enable_gqa, query heads are grouped over key/value heads (heads_q a multiple of
+    # heads_kv); without it, the heads must be equal, or 1 in key and value, which PyTorch broadcasts (the same
+    # result as one group).
+    if enable_gqa:
+        if heads_kv == 0 or heads_q % heads_kv:
+            raise ValueError(f"enable_gqa=True: the number of heads in key and value ({heads_kv}) must divide "
+                             f"the number of heads in query ({heads_q})")
+    elif heads_kv != heads_q and heads_kv != 1:
+        raise ValueError(f"query has {heads_q} heads but key and value have {heads_kv}: pass enable_gqa=True for "
+                         "grouped-query attention (as torch.nn.functional.scaled_dot_product_attention asks)")
+    if is_causal and seqlen_q != seqlen_k:
+        raise ValueError(
+            f"is_causal=True with seqlen_q ({seqlen_q}) != seqlen_k ({seqlen_k}): PyTorch aligns this causal mask "
+            "to the top left (query i sees keys 0..i), flashattn's kernels to the bottom right (query i sees keys "
+            "0..i + seqlen_k - seqlen_q, as flash-attn >= 2.1 does); the two agree only when the lengths are "
+            "equal, so this call would compute a different mask. For the bottom-right mask call "
+            "flashattn.flash_attn_func(q, k, v, causal=True) on (batch, seqlen, heads, head_dim) tensors "
+            "(query.transpose(1, 2) etc.); for the top-left one, PyTorch's own scaled_dot_product_attention")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention's signature and layout on flashattn's kernels.
+
+    query: (batch, heads_q, seqlen_q, head_dim); key, value: (batch, heads_kv, seqlen_k, head_dim); float16,
+    bfloat16 or float32, CUDA (CUDA backend) or CPU (CPU backend), head_dim contiguous and at most 256.
+    heads_kv must equal heads_q, or be 1, or divide heads_q with enable_gqa=True (PyTorch's rules).
+    scale: None for 1/sqrt(head_dim). is_causal: query i sees keys 0..i; PyTorch aligns this mask to the top
+    left and flashattn to the bottom right, which agree only for seqlen_q == seqlen_k, so other lengths raise
+    (flash_attn_func(causal=True) has the bottom-right mask). attn_mask and dropout_p > 0 raise
+    NotImplementedError: the result would differ from PyTorch's.
+
+    Returns (batch, heads_q, seqlen_q, head_dim), a transposed view of a (batch, seqlen_q, heads_q, head_dim)
+    tensor, as PyTorch's FlashAttention backend returns it. Autograd and torch.compile(fullgraph=True) work as
+    with flash_attn_func, which this calls on transposed views (no copies).
+    """
+    _sdpa_check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    out = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale,
+                          causal=bool(is_causal))
+    return out.transpose(1, 2)

@@ -733,3 +733,146 @@ def test_lse_is_not_differentiable_and_out_is():
     assert out.requires_grad and not lse.requires_grad
     out.sum().backward()  # dout with zero strides (expanded ones) must work
     assert q.grad is not None and k.grad is not None and v.grad is not None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# scaled_dot_product_attention: PyTorch's signature and (batch, heads, seqlen, head_dim) layout
+# ---------------------------------------------------------------------------------------------------------
+
+def torch_sdpa(q, k, v, dtype, is_causal=False, scale=None):
+    """PyTorch's SDPA in `dtype` on (b, h, s, d) inputs; GQA through repeat_interleave, which is what its
+    enable_gqa means (query head h uses key/value head h // (heads_q // heads_kv)), so that the reference does
+    not depend on enable_gqa being in the installed PyTorch."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.to(dtype).repeat_interleave(group, dim=1) for t in (k, v))
+    return F.scaled_dot_product_attention(q.to(dtype), k, v, is_causal=is_causal, scale=scale)
+
+
+SDPA_CASES = [
+    # batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, is_causal, scale, enable_gqa
+    (2, 4, 4, 50, 70, 64, False, None, False),
+    (2, 4, 4, 77, 77, 64, True, None, False),      # causal, square: PyTorch's top-left mask is ours
+    (1, 8, 2, 33, 91, 64, False, None, True),      # GQA
+    (1, 8, 2, 65, 65, 128, True, None, True),      # GQA, causal
+    (2, 6, 1, 40, 24, 32, False, None, False),     # one key/value head: PyTorch broadcasts it without enable_gqa
+    (1, 2, 2, 40, 40, 64, True, 0.07, False),      # explicit scale
+    (1, 4, 2, 45, 50, 40, False, None, True),      # head_dim the CUDA kernels pad
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", SDPA_CASES, ids=["x".join(map(str, c[:6])) + ("-causal" if c[6] else "")
+                                                   + ("-scale" if c[7] else "") + ("-gqa" if c[8] else "")
+                                                   for c in SDPA_CASES])
+def test_sdpa_against_torch(device, case):
+    """Output and gradients against PyTorch's SDPA in fp64, with the 2x-naive rule of the other tests."""
+    b, hq, hkv, sq, sk, d, is_causal, scale, enable_gqa = case
+    for dtype in _dtypes(device):
+        g = torch.Generator().manual_seed(3)
+        q = torch.randn(b, hq, sq, d, generator=g).to(device, dtype)
+        k = torch.randn(b, hkv, sk, d, generator=g).to(device, dtype)
+        v = torch.randn(b, hkv, sk, d, generator=g).to(device, dtype)
+        dout = torch.randn(b, hq, sq, d, generator=g).to(device, dtype)
+
+        def ours_fn(q, k, v):
+            return flashattn.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale,
+                                                          enable_gqa=enable_gqa)
+
+        ours = run_with_grads(ours_fn, q, k, v, dout)
+        ref = run_with_grads(lambda q, k, v: torch_sdpa(q, k, v, torch.float64, is_causal, scale), q, k, v, dout)
+        with naive_low_precision():
+            naive = run_with_grads(lambda q, k, v: torch_sdpa(q, k, v, dtype, is_causal, scale), q, k, v, dout)
+        for name, o, n, r, x in zip(("out", "dq", "dk", "dv"), ours, naive, ref, (q, q, k, v)):
+            assert o.shape == x.shape and o.dtype == dtype and o.device == x.device, name
+            assert_2x_naive(name, o, n, r, dtype)
+        # the output is PyTorch's layout over (batch, seqlen, heads, head_dim) memory, as its flash backend's
+        assert ours[0].transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_is_flash_attn_func_on_transposed_views(device):
+    """The entry point passes views: the same result, bitwise, as flash_attn_func on the (b, s, h, d) copies."""
+    dtype = _dtypes(device)[-1]
+    q, k, v = (torch.randn(2, 4, 96, 64, device=device, dtype=dtype) for _ in range(3))
+    out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref = flash_attn_func(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), causal=True)
+    assert_same(out, ref.transpose(1, 2))
+
+
+def _torch_raises(fn):
+    try:
+        fn()
+    except RuntimeError:
+        return True
+    return False
+
+
+def test_sdpa_rejects_what_it_would_compute_differently():
+    sdpa = flashattn.scaled_dot_product_attention
+    q = torch.randn(1, 4, 8, 64)
+    k = v = torch.randn(1, 4, 8, 64)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        sdpa(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="dropout"):
+        sdpa(q, k, v, dropout_p=0.1)
+    # PyTorch aligns is_causal top-left, we bottom-right: different lengths would be a different mask
+    k_long = torch.randn(1, 4, 12, 64)
+    with pytest.raises(ValueError, match=r"(?s)top left.*bottom right.*flash_attn_func\(q, k, v, causal=True\)"):
+        sdpa(q, k_long, k_long, is_causal=True)
+    sdpa(q, k_long, k_long)  # without the mask the lengths may differ
+    with pytest.raises(ValueError, match="4-D"):
+        sdpa(q[0], k[0], v[0])
+    with pytest.raises(TypeError, match="value has dtype torch.float16"):
+        sdpa(q, k, v.half())
+    with pytest.raises(TypeError, match="query must be float16, bfloat16 or float32"):
+        sdpa(q.double(), k.double(), v.double())
+    with pytest.raises(ValueError, match="key must be contiguous in its last dimension"):
+        sdpa(q, k.transpose(2, 3).contiguous().transpose(2, 3), v)
+    with pytest.raises(ValueError, match="head_dim"):
+        sdpa(q, k, torch.randn(1, 4, 8, 32))
+
+
+def test_sdpa_head_rules_mirror_pytorch():
+    """Head counts: what PyTorch's SDPA refuses, we refuse; what it accepts (equal, or one key/value head, or a
+    divisor with enable_gqa), we compute."""
+    sdpa = flashattn.scaled_dot_product_attention
+    q = torch.randn(1, 4, 8, 64)
+    kv2, kv1, q3 = torch.randn(1, 2, 8, 64), torch.randn(1, 1, 8, 64), torch.randn(1, 3, 8, 64)
+    assert _torch_raises(lambda: F.scaled_dot_product_attention(q, kv2, kv2))
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        sdpa(q, kv2, kv2)
+    assert _torch_raises(lambda: F.scaled_dot_product_attention(q3, kv2, kv2, enable_gqa=True))
+    with pytest.raises(ValueError, match=r"key and value \(2\) must divide .* query \(3\)"):
+        sdpa(q3, kv2, kv2, enable_gqa=True)
+    for k, gqa in ((kv2, True), (kv1, False), (kv1, True)):
+        want = F.scaled_dot_product_attention(q, k, k, enable_gqa=gqa)
+        assert max_err(sdpa(q, k, k, enable_gqa=gqa), want) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_torch_compile_fullgraph(device):
+    """A block in PyTorch's layout calling flashattn.scaled_dot_product_attention compiles without graph breaks
+    and gives eager's output and gradients."""
+    torch._dynamo.reset()
+    dtype = _dtypes(device)[0]
+
+    def block(q, k, v):
+        out = flashattn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return out.float().square().sum()
+
+    q = torch.randn(2, 8, 64, 64, device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(2, 2, 64, 64, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    loss = torch.compile(block, fullgraph=True, backend="aot_eager")(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    loss_e = block(q, k, v)
+    grads_e = torch.autograd.grad(loss_e, (q, k, v))
+    assert max_err(loss, loss_e) <= 1e-3 * max(1.0, abs(loss_e.item()))
+    for a, b in zip(grads, grads_e):
+        assert max_err(a, b) <= 2e-2 * max(1.0, b.abs().max().item())
+
+
+@needs_cuda
+def test_sdpa_device_mismatch():
+    q = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="key is on cpu but query is on cuda"):
+        flashattn.scaled_dot_product_attention(q, q.cpu(), q)
