@@ -24,8 +24,8 @@ typedef struct kv_case {
     const char *tag;
     fa_dtype dt;
     int batch, hq, hkv, d, sq, n_new, cap;
-    int page;        /* page size; 0 = contiguous cache */
-    int rotary_dim;  /* 0 = none */
+    int page;       /* page size; 0 = contiguous cache */
+    int rotary_dim; /* 0 = none */
     int interleaved;
     int causal, wl, wr;
     float softcap;
@@ -39,7 +39,7 @@ typedef struct kv_setup {
     fa_kvcache kv;
     size_t es, cache_elems;
     void *q, *knew, *vnew, *o, *cos, *sin, *k0, *v0; /* k0, v0: the cache before the call */
-    void *kc, *vc;                                    /* the cache the call writes */
+    void *kc, *vc;                                   /* the cache the call writes */
     float *lse;
     int32_t *seqlens, *leftpad, *batch_idx, *table;
     int32_t cache_rows, max_pages, num_pages;
@@ -188,7 +188,8 @@ static int check_cache(const kv_setup *s, const void *kc, const void *vc, char *
                 for (int x = 0; x < d && ok; x++) {
                     touched[at + x] = 1;
                     double kd = fa_load(kc, s->c.dt, at + x), vd = fa_load(vc, s->c.dt, at + x);
-                    if (fabs(kd - row[x]) > 2 * u * fabs(row[x]) + 0x1p-21 || vd != fa_load(s->vnew, s->c.dt, src + x)) {
+                    if (fabs(kd - row[x]) > 2 * u * fabs(row[x]) + 0x1p-21 ||
+                        vd != fa_load(s->vnew, s->c.dt, src + x)) {
                         snprintf(why, size, "appended row b=%d j=%d h=%d dim %d: k %g (want %g), v %g", b, j, h, x, kd,
                                  (double)row[x], vd);
                         ok = 0;
@@ -207,10 +208,13 @@ static int check_cache(const kv_setup *s, const void *kc, const void *vc, char *
 
 static void run_case(const kv_case *c, uint64_t seed) {
     char name[200];
-    snprintf(name, sizeof name, "kvcache %s %s b=%d h=%d/%d d=%d sq=%d new=%d cap=%d page=%d rot=%d%s%s%s%s",
-             c->tag, c->dt == FA_F32 ? "f32" : c->dt == FA_F16 ? "f16" : "bf16", c->batch, c->hq, c->hkv, c->d,
-             c->sq, c->n_new, c->cap, c->page, c->rotary_dim, c->rotary_dim ? (c->interleaved ? "i" : "h") : "",
-             c->causal ? " causal" : "", c->leftpad ? " leftpad" : "", c->batch_idx ? " batch_idx" : "");
+    snprintf(name, sizeof name, "kvcache %s %s b=%d h=%d/%d d=%d sq=%d new=%d cap=%d page=%d rot=%d%s%s%s%s", c->tag,
+             c->dt == FA_F32   ? "f32"
+             : c->dt == FA_F16 ? "f16"
+                               : "bf16",
+             c->batch, c->hq, c->hkv, c->d, c->sq, c->n_new, c->cap, c->page, c->rotary_dim,
+             c->rotary_dim ? (c->interleaved ? "i" : "h") : "", c->causal ? " causal" : "",
+             c->leftpad ? " leftpad" : "", c->batch_idx ? " batch_idx" : "");
     if (!th_selected(name)) return;
 
     /* the equivalent varlen problem, filled by the test */
@@ -250,7 +254,8 @@ static void run_case(const kv_case *c, uint64_t seed) {
         for (int b = 0; b < c->batch; b++) {
             for (int i = 0; i < c->sq; i++)
                 for (int h = 0; h < c->hq; h++) {
-                    for (int x = 0; x < d; x++) row[x] = fa_load(s.q, c->dt, ((int64_t)(b * c->sq + i) * c->hq + h) * d + x);
+                    for (int x = 0; x < d; x++)
+                        row[x] = fa_load(s.q, c->dt, ((int64_t)(b * c->sq + i) * c->hq + h) * d + x);
                     const int local = c->causal || c->wl >= 0 || c->wr >= 0;
                     if (c->rotary_dim) rotate(&s, s.seqlens[b] + (local ? i : 0), row);
                     const int64_t at = (pr.cu_q[b] + i) * pr.q.view.stride_seq + h * pr.q.view.stride_head;
@@ -258,8 +263,10 @@ static void run_case(const kv_case *c, uint64_t seed) {
                 }
             for (int64_t r = s.leftpad[b]; r < s.seqlens[b] + c->n_new; r++)
                 for (int h = 0; h < c->hkv; h++) {
-                    const int64_t at = (pr.cu_k[b] + r - s.leftpad[b]) * pr.k.view.stride_seq + h * pr.k.view.stride_head;
-                    const int64_t av = (pr.cu_k[b] + r - s.leftpad[b]) * pr.v.view.stride_seq + h * pr.v.view.stride_head;
+                    const int64_t at =
+                        (pr.cu_k[b] + r - s.leftpad[b]) * pr.k.view.stride_seq + h * pr.k.view.stride_head;
+                    const int64_t av =
+                        (pr.cu_k[b] + r - s.leftpad[b]) * pr.v.view.stride_seq + h * pr.v.view.stride_head;
                     if (r < s.seqlens[b]) {
                         const int64_t ci = cache_index(&s, b, r, h);
                         for (int x = 0; x < d; x++) {
@@ -294,15 +301,17 @@ static void run_case(const kv_case *c, uint64_t seed) {
             continue;
         }
         char why[200] = "";
-        int cache_ok = c->n_new == 0 ? !memcmp(s.kc, s.k0, s.es * s.cache_elems) && !memcmp(s.vc, s.v0, s.es * s.cache_elems)
-                                     : check_cache(&s, s.kc, s.vc, why, sizeof why);
+        int cache_ok = c->n_new == 0
+                           ? !memcmp(s.kc, s.k0, s.es * s.cache_elems) && !memcmp(s.vc, s.v0, s.es * s.cache_elems)
+                           : check_cache(&s, s.kc, s.vc, why, sizeof why);
         /* O and LSE into the problem's layout: packed rows b * sq + i, lse (heads_q, total_q) */
         for (int b = 0; b < c->batch; b++)
             for (int i = 0; i < c->sq; i++)
                 for (int h = 0; h < c->hq; h++) {
                     const int64_t at = (pr.cu_q[b] + i) * pr.o.view.stride_seq + h * pr.o.view.stride_head;
                     const int64_t src = ((int64_t)(b * c->sq + i) * c->hq + h) * c->d;
-                    for (int xx = 0; xx < c->d; xx++) fa_store(pr.o.view.data, c->dt, at + xx, fa_load(s.o, c->dt, src + xx));
+                    for (int xx = 0; xx < c->d; xx++)
+                        fa_store(pr.o.view.data, c->dt, at + xx, fa_load(s.o, c->dt, src + xx));
                     pr.lse[(int64_t)h * pr.p.total_q + pr.cu_q[b] + i] = s.lse[((int64_t)b * c->hq + h) * c->sq + i];
                 }
         vf_report rep;

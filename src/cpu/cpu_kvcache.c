@@ -3,10 +3,10 @@
  *
  * Three passes, each parallel over (batch, kv head): append the new tokens to the cache (the keys rotated
  * in fp32), gather the attended cache rows of every sequence into packed fp32 copies, and rotate q (rounded to
- * the dtype, as the new keys) into a packed fp32 copy. The attention itself is the CPU forward of cpu_fwd.c on that varlen problem (dtype f32),
- * whose tasks keep the query heads of a group on the same packed K/V; its fp32 output is then converted into
- * o and its lse transposed into the dense (batch, heads_q, seqlen_q) layout. Gathering costs a copy of the
- * attended cache per call, which a decode kernel reading the pages in place would not pay; it keeps the
+ * the dtype, as the new keys) into a packed fp32 copy. The attention itself is the CPU forward of cpu_fwd.c on that
+ * varlen problem (dtype f32), whose tasks keep the query heads of a group on the same packed K/V; its fp32 output is
+ * then converted into o and its lse transposed into the dense (batch, heads_q, seqlen_q) layout. Gathering costs a copy
+ * of the attended cache per call, which a decode kernel reading the pages in place would not pay; it keeps the
  * forward's tiled kernels as they are. The workspace holds the copies and the forward's own workspace, so
  * nothing is allocated once the cache has been written.
  */
@@ -16,28 +16,28 @@
 
 /* The workspace: packed copies and the inner forward's workspace. */
 typedef struct kvc_layout {
-    int32_t *cu_q, *cu_k;     /* batch + 1 each */
-    float   *q, *k, *v, *o;   /* packed (tokens, heads, head_dim) fp32 */
-    float   *lse;             /* (heads_q, batch * seqlen_q) */
-    char    *inner;           /* the forward's workspace */
-    size_t   inner_bytes;
+    int32_t *cu_q, *cu_k; /* batch + 1 each */
+    float *q, *k, *v, *o; /* packed (tokens, heads, head_dim) fp32 */
+    float *lse;           /* (heads_q, batch * seqlen_q) */
+    char *inner;          /* the forward's workspace */
+    size_t inner_bytes;
 } kvc_layout;
 
 /* The varlen f32 problem the attention runs as (cu arrays filled by kvc_lengths). */
 static fa_params kvc_problem(const fa_params *p, const kvc_layout *L, int64_t tk, int64_t max_k) {
     fa_params a = *p;
     const int64_t tq = (int64_t)p->batch * p->seqlen_q;
-    a.dtype        = FA_F32;
+    a.dtype = FA_F32;
     a.cu_seqlens_q = L->cu_q;
     a.cu_seqlens_k = L->cu_k;
-    a.total_q      = tq;
-    a.total_k      = tk;
-    a.seqlen_k     = (int32_t)max_k;
-    a.q            = fa_tensor_contiguous(L->q, 0, p->heads_q, p->head_dim);
-    a.o            = fa_tensor_contiguous(L->o, 0, p->heads_q, p->head_dim);
-    a.k            = fa_tensor_contiguous(L->k, 0, p->heads_kv, p->head_dim);
-    a.v            = fa_tensor_contiguous(L->v, 0, p->heads_kv, p->head_dim);
-    a.lse          = L->lse;
+    a.total_q = tq;
+    a.total_k = tk;
+    a.seqlen_k = (int32_t)max_k;
+    a.q = fa_tensor_contiguous(L->q, 0, p->heads_q, p->head_dim);
+    a.o = fa_tensor_contiguous(L->o, 0, p->heads_q, p->head_dim);
+    a.k = fa_tensor_contiguous(L->k, 0, p->heads_kv, p->head_dim);
+    a.v = fa_tensor_contiguous(L->v, 0, p->heads_kv, p->head_dim);
+    a.lse = L->lse;
     return a;
 }
 
@@ -58,14 +58,14 @@ static void kvc_lengths(const fa_params *p, const fa_kvcache *kv, int32_t *cu_q,
 static size_t kvc_carve(const fa_params *p, int64_t tk, size_t inner, char *base, kvc_layout *L) {
     fa_arena a = { base, 0 };
     const int64_t tq = (int64_t)p->batch * p->seqlen_q, d = p->head_dim;
-    L->cu_q        = fa_arena_take(&a, sizeof(int32_t) * (size_t)(p->batch + 1));
-    L->cu_k        = fa_arena_take(&a, sizeof(int32_t) * (size_t)(p->batch + 1));
-    L->q           = fa_arena_take(&a, sizeof(float) * (size_t)(tq * p->heads_q * d));
-    L->o           = fa_arena_take(&a, sizeof(float) * (size_t)(tq * p->heads_q * d));
-    L->k           = fa_arena_take(&a, sizeof(float) * (size_t)(tk * p->heads_kv * d + 1));
-    L->v           = fa_arena_take(&a, sizeof(float) * (size_t)(tk * p->heads_kv * d + 1));
-    L->lse         = fa_arena_take(&a, sizeof(float) * (size_t)(tq * p->heads_q));
-    L->inner       = fa_arena_take(&a, inner);
+    L->cu_q = fa_arena_take(&a, sizeof(int32_t) * (size_t)(p->batch + 1));
+    L->cu_k = fa_arena_take(&a, sizeof(int32_t) * (size_t)(p->batch + 1));
+    L->q = fa_arena_take(&a, sizeof(float) * (size_t)(tq * p->heads_q * d));
+    L->o = fa_arena_take(&a, sizeof(float) * (size_t)(tq * p->heads_q * d));
+    L->k = fa_arena_take(&a, sizeof(float) * (size_t)(tk * p->heads_kv * d + 1));
+    L->v = fa_arena_take(&a, sizeof(float) * (size_t)(tk * p->heads_kv * d + 1));
+    L->lse = fa_arena_take(&a, sizeof(float) * (size_t)(tq * p->heads_q));
+    L->inner = fa_arena_take(&a, inner);
     L->inner_bytes = inner;
     return a.used;
 }
@@ -73,7 +73,7 @@ static size_t kvc_carve(const fa_params *p, int64_t tk, size_t inner, char *base
 /* Workspace bytes and the inner forward's share; the lengths need a scratch copy of cu_seqlens here. */
 static size_t kvc_sizes(const fa_params *p, const fa_kvcache *kv, int num_threads, size_t *inner, int64_t *tk) {
     int32_t *cu = malloc(sizeof(int32_t) * 2 * (size_t)(p->batch + 1));
-    int64_t  max_k;
+    int64_t max_k;
     if (!cu) return SIZE_MAX;
     kvc_layout L = { cu, cu + p->batch + 1, NULL, NULL, NULL, NULL, NULL, NULL, 0 };
     kvc_lengths(p, kv, L.cu_q, L.cu_k, tk, &max_k);
@@ -181,8 +181,8 @@ fa_status fa_cpu_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_
     for (int64_t t = 0; t < tq; t++) {
         const int64_t b = t / sq, i = t % sq;
         for (int64_t h = 0; h < hq; h++) {
-            fa_cpu_store_row(p->o.data, p->dtype, b * p->o.stride_batch + i * p->o.stride_seq + h * p->o.stride_head,
-                             d, L.o + (t * hq + h) * d, 1.0f);
+            fa_cpu_store_row(p->o.data, p->dtype, b * p->o.stride_batch + i * p->o.stride_seq + h * p->o.stride_head, d,
+                             L.o + (t * hq + h) * d, 1.0f);
             if (p->lse) p->lse[(b * hq + h) * sq + i] = L.lse[h * tq + t];
         }
     }
