@@ -4,9 +4,13 @@
  * Three passes, each parallel over (batch, kv head): append the new tokens to the cache (the keys rotated
  * in fp32), gather the attended cache rows of every sequence into packed fp32 copies, and rotate q (rounded to
  * the dtype, as the new keys) into a packed fp32 copy. The attention itself is the CPU forward of cpu_fwd.c on that
- * varlen problem (dtype f32), whose tasks keep the query heads of a group on the same packed K/V; its fp32 output is
- * then converted into o and its lse transposed into the dense (batch, heads_q, seqlen_q) layout. Gathering costs a copy
- * of the attended cache per call, which a decode kernel reading the pages in place would not pay; it keeps the
+ * varlen problem (dtype f32); its fp32 output is then converted into o and its lse transposed into the dense
+ * (batch, heads_q, seqlen_q) layout. Where the mask and the scores do not depend on a query row's position or
+ * head (no ALiBi, no left window, and one query row or no right bound), the query heads of a kv group become
+ * rows of one head of that problem (GQA packing): the forward's tiles then hold group x seqlen_q rows instead
+ * of seqlen_q (one, when decoding), which its blocks of query rows would otherwise mostly spend on padding.
+ * Gathering costs a copy of the attended cache per call, which a decode kernel reading the pages in place
+ * would not pay; it keeps the
  * forward's tiled kernels as they are. The workspace holds the copies and the forward's own workspace, so
  * nothing is allocated once the cache has been written.
  */
@@ -23,18 +27,33 @@ typedef struct kvc_layout {
     size_t inner_bytes;
 } kvc_layout;
 
+/* Query heads packed as rows of one head of the inner problem: the group size, or 1. Row r of a packed
+ * sequence is query row r % seqlen_q of head r / seqlen_q of the group. Every row then sees the same keys with
+ * the same scores: no ALiBi (its slope is per head and its distance per row), no left window, and no right
+ * bound unless there is a single query row, which sees every key under causal = 1 or window_right >= 0. */
+static int64_t kvc_pack(const fa_params *p) {
+    const int position_free = p->window_left < 0 && (p->seqlen_q == 1 || p->window_right < 0);
+    return !p->alibi_slopes && position_free ? p->heads_q / p->heads_kv : 1;
+}
+
 /* The varlen f32 problem the attention runs as (cu arrays filled by kvc_lengths). */
 static fa_params kvc_problem(const fa_params *p, const kvc_layout *L, int64_t tk, int64_t max_k) {
     fa_params a = *p;
-    const int64_t tq = (int64_t)p->batch * p->seqlen_q;
+    const int64_t pack = kvc_pack(p), tq = (int64_t)p->batch * p->seqlen_q * pack;
     a.dtype = FA_F32;
+    if (pack > 1) { /* see kvc_pack: every row sees every key, so the packed rows need no mask */
+        a.heads_q = p->heads_kv;
+        a.seqlen_q = (int32_t)(p->seqlen_q * pack);
+        a.causal = 0;
+        a.window_right = -1;
+    }
     a.cu_seqlens_q = L->cu_q;
     a.cu_seqlens_k = L->cu_k;
     a.total_q = tq;
     a.total_k = tk;
     a.seqlen_k = (int32_t)max_k;
-    a.q = fa_tensor_contiguous(L->q, 0, p->heads_q, p->head_dim);
-    a.o = fa_tensor_contiguous(L->o, 0, p->heads_q, p->head_dim);
+    a.q = fa_tensor_contiguous(L->q, 0, a.heads_q, p->head_dim);
+    a.o = fa_tensor_contiguous(L->o, 0, a.heads_q, p->head_dim);
     a.k = fa_tensor_contiguous(L->k, 0, p->heads_kv, p->head_dim);
     a.v = fa_tensor_contiguous(L->v, 0, p->heads_kv, p->head_dim);
     a.lse = L->lse;
@@ -44,11 +63,12 @@ static fa_params kvc_problem(const fa_params *p, const kvc_layout *L, int64_t tk
 /* cu_seqlens of the packed problem: sequence b attends cache rows P .. L + N - 1. */
 static void kvc_lengths(const fa_params *p, const fa_kvcache *kv, int32_t *cu_q, int32_t *cu_k, int64_t *tk,
                         int64_t *max_k) {
+    const int64_t rows = p->seqlen_q * kvc_pack(p);
     cu_q[0] = cu_k[0] = 0;
     *max_k = 0;
     for (int64_t b = 0; b < p->batch; b++) {
         const int64_t len = fa_kv_seqlen(kv, b) + p->seqlen_k - fa_kv_leftpad(kv, b);
-        cu_q[b + 1] = (int32_t)((b + 1) * p->seqlen_q);
+        cu_q[b + 1] = (int32_t)((b + 1) * rows);
         cu_k[b + 1] = (int32_t)(cu_k[b] + len);
         *max_k = fa_max64(*max_k, len);
     }
@@ -89,6 +109,13 @@ size_t fa_cpu_kvcache_workspace_size(const fa_params *p, const fa_kvcache *kv, i
     return kvc_sizes(p, kv, num_threads, &inner, &tk);
 }
 
+/* Index of query row i of head h of sequence b in the inner problem's packed rows (kvc_pack): its token
+ * (*tok, among batch x seqlen_q x pack) and head (*head, among heads_q / pack). */
+static void kvc_row(const fa_params *p, int64_t pack, int64_t b, int64_t i, int64_t h, int64_t *tok, int64_t *head) {
+    *tok = (b * pack + h % pack) * p->seqlen_q + i;
+    *head = h / pack;
+}
+
 /* Rotates the first rotary_dim entries of row x (fp32) to position pos. */
 static void rotate_f32(const fa_kvcache *kv, fa_dtype dt, int64_t pos, float *x) {
     const int64_t half = kv->rotary_dim / 2;
@@ -117,7 +144,8 @@ fa_status fa_cpu_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_
     const fa_params a = kvc_problem(p, &L, tk, max_k);
 
     const int64_t d = p->head_dim, hq = p->heads_q, hkv = p->heads_kv, group = hq / hkv, sq = p->seqlen_q;
-    const int64_t tasks = (int64_t)p->batch * hkv, tq = (int64_t)p->batch * sq;
+    const int64_t pack = kvc_pack(p), hp = hq / pack; /* the inner problem's heads */
+    const int64_t tasks = (int64_t)p->batch * hkv, tq = (int64_t)p->batch * sq * pack;
     const int threads = fa_cpu_threads(&a, x->num_threads, 0);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -156,7 +184,9 @@ fa_status fa_cpu_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_
             for (int64_t i = 0; i < sq; i++)
                 for (int64_t g = 0; g < group; g++) {
                     const int64_t hh = h * group + g;
-                    float *dst = L.q + ((b * sq + i) * hq + hh) * d;
+                    int64_t tok, head;
+                    kvc_row(p, pack, b, i, hh, &tok, &head);
+                    float *dst = L.q + (tok * hp + head) * d;
                     fa_cpu_load_row(p->q.data, p->dtype,
                                     b * p->q.stride_batch + i * p->q.stride_seq + hh * p->q.stride_head, d, dst);
                     if (kv->rotary_cos) {
@@ -178,12 +208,14 @@ fa_status fa_cpu_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
-    for (int64_t t = 0; t < tq; t++) {
+    for (int64_t t = 0; t < (int64_t)p->batch * sq; t++) {
         const int64_t b = t / sq, i = t % sq;
         for (int64_t h = 0; h < hq; h++) {
+            int64_t tok, head;
+            kvc_row(p, pack, b, i, h, &tok, &head);
             fa_cpu_store_row(p->o.data, p->dtype, b * p->o.stride_batch + i * p->o.stride_seq + h * p->o.stride_head, d,
-                             L.o + (t * hq + h) * d, 1.0f);
-            if (p->lse) p->lse[(b * hq + h) * sq + i] = L.lse[h * tq + t];
+                             L.o + (tok * hp + head) * d, 1.0f);
+            if (p->lse) p->lse[(b * hq + h) * sq + i] = L.lse[head * tq + tok];
         }
     }
     fa_workspace_release(&ws);
