@@ -102,11 +102,12 @@ static int64_t max_len_k(const fa_params *p) {
     return m;
 }
 
-fa_status fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
-                               double *lse) {
-    const int64_t d = p->head_dim, lk = max_len_k(p) > 0 ? max_len_k(p) : 1;
-    double *score = malloc((size_t)lk * sizeof(double));
-    if (!score) return fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
+/* The forward's rows with the caller's score buffer of max(1, max_len_k(p)) doubles: it cannot fail, so a
+ * caller that has written something before (the decode call's cache) can allocate first. q, k, v are not
+ * const: GCC would check at each call, and doubt, that every element of a malloc'ed input was written. */
+static void fwd_f64_rows(const fa_params *p, double *q, double *k, double *v, double *o, double *lse,
+                         double *score) {
+    const int64_t d = p->head_dim;
     for (int64_t b = 0; b < p->batch; b++) {
         fa_seq s = packed_seq(p, b);
         for (int64_t h = 0; h < p->heads_q; h++) {
@@ -130,6 +131,14 @@ fa_status fa_reference_fwd_f64(const fa_params *p, const double *q, const double
             }
         }
     }
+}
+
+fa_status fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
+                               double *lse) {
+    const int64_t lk = max_len_k(p) > 0 ? max_len_k(p) : 1;
+    double *score = malloc((size_t)lk * sizeof(double));
+    if (!score) return fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
+    fwd_f64_rows(p, (double *)q, (double *)k, (double *)v, o, lse, score);
     free(score);
     return FA_OK;
 }
@@ -299,8 +308,9 @@ fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv) {
     int32_t *cu_q = malloc(sizeof(int32_t) * (size_t)(p->batch + 1)), *cu_k = malloc(sizeof(int32_t) * (size_t)(p->batch + 1));
     double  *q = malloc(nbytes(tq, hq, d)), *o = malloc(nbytes(tq, hq, d)), *lse = malloc(nbytes(tq, hq, 1));
     double  *k = malloc(nbytes(tk, hkv, d)), *v = malloc(nbytes(tk, hkv, d)), *row = malloc(nbytes(1, 1, d));
+    double  *score = malloc(nbytes(max_k, 1, 1));
     fa_status st = FA_OK;
-    if (!cu_q || !cu_k || !q || !o || !lse || !k || !v || !row) {
+    if (!cu_q || !cu_k || !q || !o || !lse || !k || !v || !row || !score) {
         st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
         goto done;
     }
@@ -353,7 +363,7 @@ fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv) {
     a.total_q      = tq;
     a.total_k      = tk;
     a.seqlen_k     = (int32_t)max_k;
-    if ((st = fa_reference_fwd_f64(&a, q, k, v, o, lse)) != FA_OK) goto done;
+    fwd_f64_rows(&a, q, k, v, o, lse, score);
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t i = 0; i < sq; i++)
             for (int64_t h = 0; h < hq; h++) {
@@ -363,6 +373,6 @@ fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv) {
                 if (p->lse) p->lse[(b * hq + h) * sq + i] = (float)lse[h * tq + b * sq + i];
             }
 done:
-    free(cu_q), free(cu_k), free(q), free(o), free(lse), free(k), free(v), free(row);
+    free(cu_q), free(cu_k), free(q), free(o), free(lse), free(k), free(v), free(row), free(score);
     return st;
 }
