@@ -301,12 +301,14 @@ FA_API double fa_flops_fwd(const fa_params *p, const int32_t *host_cu_seqlens_q,
  * too (as flash-attn's kernels do); the rotation runs in fp32 on the CPU backend, fp64 on the reference.
  *
  * Validation (FA_ERR_INVALID_ARGUMENT, naming the field): L + N <= the capacity (seqlen_cache, or
- * max_pages * page_size when paged), 0 <= P <= L, cache_batch_idx in [0, batch_cache) and distinct when
- * appending, the block_table entries of every page the call reads or writes in [0, num_pages) and no cache
- * slot written by two sequences, rotary positions < rotary_seqlen, rotary_dim a multiple of 16 in
- * [16, head_dim] (flash-attn's rule), rotary only with new tokens (as flash-attn), cache_batch_idx only
- * without a block_table (as flash-attn), no output (o, lse, the cache when appending) overlapping another
- * array. On any error nothing is written, the cache included.
+ * max_pages * page_size when paged), 0 <= P <= L, cache_batch_idx in [0, batch_cache), the block_table
+ * entries of every page the call reads or writes in [0, num_pages), no cache row appended to by two
+ * sequences (through cache_batch_idx or shared pages; all appends happen before any sequence attends),
+ * rotary positions < rotary_seqlen, rotary_dim a multiple of 16 in [16, head_dim] (flash-attn's rule),
+ * rotary only with new tokens (as flash-attn), cache_batch_idx only without a block_table (as flash-attn),
+ * num_splits >= 0, no output (o, lse, the cache when appending) overlapping another array; on the host
+ * backends the attended rows of the batch, and batch * seqlen_q * heads_q / heads_kv, within int32. On any
+ * error nothing is written, the cache included.
  *
  * Backends: CPU and reference. They read the int32 arrays (cache_seqlens, cache_batch_idx, cache_leftpad,
  * block_table) from host memory during validation. The CUDA and naive backends return FA_ERR_UNSUPPORTED

@@ -642,6 +642,16 @@ static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv) 
                                kv->rotary_seqlen, (long long)b, (long long)last);
         }
     }
+    /* The host backends attend the gathered rows as a varlen batch, whose prefix sums are int32. */
+    int64_t total = 0;
+    for (int64_t b = 0; b < r->batch; b++) total += fa_kv_seqlen(kv, b) + n_new - fa_kv_leftpad(kv, b);
+    if (total > INT32_MAX)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                       "cache_seqlens: the batch attends %lld cache rows in all, beyond the int32 range the host "
+                       "backends gather them in", (long long)total);
+    if ((int64_t)r->batch * r->seqlen_q * (r->heads_q / r->heads_kv) > INT32_MAX)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch (%d) * seqlen_q (%d) * heads_q / heads_kv (%d) exceeds the "
+                       "int32 range of the host backends' query rows", r->batch, r->seqlen_q, r->heads_q / r->heads_kv);
     if (n_new == 0) return FA_OK;
     int64_t count;
     if (__builtin_mul_overflow((int64_t)r->batch, n_new, &count) || (uint64_t)count > SIZE_MAX / sizeof(kv_slot))

@@ -506,6 +506,29 @@ static void invalid_cases(void) {
     expect_kv_error("workspace too small", &paged, m_workspace_small, FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes");
 }
 
+/* More attended rows than the host backends' int32 prefix sums hold: refused during validation, which reads
+ * only the int32 arrays (the cache pointer is a placeholder that is never dereferenced). */
+static void too_many_rows(void) {
+    if (!th_selected("kvcache invalid attended rows beyond int32")) return;
+    float q[2 * 4 * 32], o[2 * 4 * 32];
+    int32_t seqlens[2] = { (1 << 30) + 10, (1 << 30) + 10 };
+    fa_params p;
+    fa_params_init(&p, FA_F32, 2, 1, 0, 4, 2, 32);
+    p.q = fa_tensor_contiguous(q, 1, 4, 32), p.o = fa_tensor_contiguous(o, 1, 4, 32);
+    fa_kvcache kv;
+    fa_kvcache_init(&kv, 2, (1 << 30) + 16);
+    void *placeholder = (void *)((uintptr_t)1 << 40);
+    kv.k_cache = fa_tensor_contiguous(placeholder, kv.seqlen_cache, 2, 32);
+    kv.v_cache = fa_tensor_contiguous(placeholder, kv.seqlen_cache, 2, 32);
+    kv.cache_seqlens = seqlens;
+    fa_exec x;
+    memset(&x, 0, sizeof x);
+    x.backend = FA_BACKEND_CPU;
+    fa_status st = fa_check_kvcache(&p, &kv, &x);
+    th_check(st == FA_ERR_INVALID_ARGUMENT && strstr(fa_last_error(), "int32"),
+             "kvcache invalid attended rows beyond int32: %s \"%s\"", fa_status_name(st), fa_last_error());
+}
+
 /* The device backends: no decode kernel yet (or not built / no device here). */
 static void device_backends(void) {
     const kv_case c = { "p", FA_F32, 2, 4, 2, 32, 1, 1, 40, 16, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0 };
@@ -538,6 +561,7 @@ int main(int argc, char **argv) {
     th_init(argc, argv, NULL);
     numeric_cases();
     invalid_cases();
+    too_many_rows();
     device_backends();
     return th_finish();
 }
