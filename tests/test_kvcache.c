@@ -506,6 +506,46 @@ static void invalid_cases(void) {
     expect_kv_error("workspace too small", &paged, m_workspace_small, FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes");
 }
 
+/* Cache rows a call does not attend (before leftpad, past cache_seqlens + seqlen_new, other sequences' rows
+ * and unused pages) may hold anything, e.g. never-initialised memory: with NaN there instead of 0, o and lse
+ * must be bit-identical. */
+static void unattended_rows(const kv_case *c) {
+    char name[160];
+    snprintf(name, sizeof name, "kvcache unattended rows NaN vs 0 (%s)", c->tag);
+    if (!th_selected(name)) return;
+    kv_setup s;
+    setup_make(&s, c, 4242, NULL);
+    unsigned char *attended = calloc(s.cache_elems, 1);
+    for (int b = 0; b < c->batch; b++)
+        for (int64_t r = s.leftpad[b]; r < s.seqlens[b]; r++)
+            for (int h = 0; h < c->hkv; h++) memset(attended + cache_index(&s, b, r, h), 1, (size_t)c->d);
+    const size_t on = s.es * c->batch * c->sq * c->hq * c->d, ln = sizeof(float) * c->batch * c->hq * c->sq;
+    unsigned char *out[2][2];
+    int ok = 1;
+    for (int bi = 0; bi < 2; bi++)
+        for (int fill = 0; fill < 2; fill++) {
+            for (size_t i = 0; i < s.cache_elems; i++) {
+                const float x = attended[i] ? fa_load(s.k0, c->dt, (int64_t)i) : fill ? NAN : 0.0f;
+                const float y = attended[i] ? fa_load(s.v0, c->dt, (int64_t)i) : fill ? NAN : 0.0f;
+                fa_store(s.kc, c->dt, (int64_t)i, x), fa_store(s.vc, c->dt, (int64_t)i, y);
+            }
+            fa_exec x;
+            memset(&x, 0, sizeof x);
+            x.backend = bi ? FA_BACKEND_REFERENCE : FA_BACKEND_CPU;
+            ok &= fa_fwd_kvcache(&s.p, &s.kv, &x) == FA_OK;
+            out[bi][fill] = malloc(on + ln);
+            memcpy(out[bi][fill], s.o, on), memcpy(out[bi][fill] + on, s.lse, ln);
+        }
+    int finite = 1;
+    for (size_t i = 0; i < s.p.batch * (size_t)c->sq * c->hq * c->d; i++)
+        finite &= isfinite(fa_load(s.o, c->dt, (int64_t)i));
+    th_check(ok && finite && !memcmp(out[0][0], out[0][1], on + ln) && !memcmp(out[1][0], out[1][1], on + ln),
+             "%s: cpu and reference outputs bit-identical and finite", name);
+    for (int bi = 0; bi < 2; bi++) free(out[bi][0]), free(out[bi][1]);
+    free(attended);
+    setup_free(&s);
+}
+
 /* More attended rows than the host backends' int32 prefix sums hold: refused during validation, which reads
  * only the int32 arrays (the cache pointer is a placeholder that is never dereferenced). */
 static void too_many_rows(void) {
@@ -560,6 +600,12 @@ static void device_backends(void) {
 int main(int argc, char **argv) {
     th_init(argc, argv, NULL);
     numeric_cases();
+    /* tag, dtype, batch, hq, hkv, d, sq, new, cap, page, rotary, interleaved, causal, wl, wr, softcap, alibi,
+     * leftpad, batch_idx, no_seqlens */
+    const kv_case paged = { "paged", FA_F32, 4, 4, 2, 32, 2, 2, 70, 16, 16, 1, 1, -1, -1, 0, 0, 1, 0, 0 };
+    const kv_case dense = { "contiguous", FA_BF16, 4, 4, 2, 32, 1, 1, 70, 0, 0, 1, 0, -1, -1, 0, 0, 1, 1, 0 };
+    unattended_rows(&paged);
+    unattended_rows(&dense);
     invalid_cases();
     too_many_rows();
     device_backends();
