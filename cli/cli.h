@@ -42,6 +42,9 @@ typedef struct cli_options {
     int layout; /* vf_layout: 0 = (batch, seqlen, heads, head_dim), 1 = (batch, heads, seqlen, head_dim) */
     int32_t repeats, warmup, rows; /* -1: defaults */
     const char *csv, *json, *sweep, *plot, *peers;
+    /* check --decode: the KV cache call (seqlen_k is the cache's rows per sequence) */
+    int decode, leftpad, rotary_halves;
+    int32_t seqlen_new, page_size, rotary_dim;
 } cli_options;
 
 /* The backend "auto" stands for: CUDA when built and a GPU is present, else the CPU. */
@@ -78,6 +81,9 @@ void cli_describe(const cli_options *o, char *buf, int size);
 void cli_device_name(fa_backend b, const cli_options *o, char *buf, int size);
 
 int cli_bench(cli_options *o);
+
+/* check --decode (decode.c): fa_fwd_kvcache on backend b against the fp64 reference; an exit code. */
+int cli_check_decode(cli_options *o, fa_backend b);
 
 /* The sweeps bench --sweep knows ("paper, cpu"), and whether name is one of them. */
 const char *cli_sweep_names(void);

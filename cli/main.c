@@ -68,6 +68,14 @@ static const char usage[] =
     "                          --fwd-only)\n"
     "  --peers FILE.json       bench --sweep --plot: add the bars of bench/peer_bench.py --json\n"
     "  --fwd-only              bench --sweep: time the forward only\n"
+    "  --decode                check: decoding with a KV cache (fa_fwd_kvcache) instead; --seqlen-k is the cache's\n"
+    "                          rows per sequence (default 1024), --seqlen-q the query rows (default 1), batch 4,\n"
+    "                          8 heads / 2 kv heads; each sequence holds a random number of tokens\n"
+    "  --new N                 check --decode: tokens appended to the cache before attending (default 1)\n"
+    "  --page-size P           check --decode: a paged cache (shuffled pages); 0 = contiguous (the default)\n"
+    "  --rotary-dim R          check --decode: rotary embedding of q and the new keys on R dims (interleaved)\n"
+    "  --rotary-halves         check --decode: rotary on the halves (i, i + R/2) instead of pairs (2i, 2i+1)\n"
+    "  --leftpad               check --decode: a random first attended row per sequence\n"
     "\n"
     "  --version               the version (also: flashattn --version)\n"
     "\n"
@@ -125,6 +133,8 @@ static const struct {
     { "cu_seqlens", "--varlen" },
     { "total_", "--varlen" },
     { "dtype", "--dtype" },
+    { "rotary_dim", "--rotary-dim" },
+    { "page_size", "--page-size" },
     { "num_threads", "--threads" },
     { "kernel", "--kernel" },
     { "deterministic", "--deterministic" },
@@ -354,6 +364,12 @@ static const option_spec option_specs[] = {
     OPT("--bwd", 'f', bwd, 1, 0),
     OPT("--deterministic", 'f', deterministic, 1, 0),
     OPT("--fwd-only", 'f', fwd_only, 1, 0),
+    OPT("--decode", 'f', decode, 1, 0),
+    OPT("--leftpad", 'f', leftpad, 1, 0),
+    OPT("--rotary-halves", 'f', rotary_halves, 1, 0),
+    OPT("--new", 'i', seqlen_new, 0, INT32_MAX),
+    OPT("--page-size", 'i', page_size, 0, INT32_MAX),
+    OPT("--rotary-dim", 'i', rotary_dim, 0, 256),
     OPT("--batch", 'i', batch, 1, INT32_MAX),
     OPT("--seqlen-q", 'i', seqlen_q, 1, INT32_MAX),
     OPT("--seqlen-k", 'i', seqlen_k, 1, INT32_MAX),
@@ -438,6 +454,7 @@ static void parse_options(cli_options *o, int argc, char **argv) {
     o->repeats = o->warmup = o->rows = -1;
     o->seed = 1;
     o->kernel = FA_KERNEL_AUTO;
+    o->seqlen_new = 1;
     for (int i = 2; i < argc; i++) {
         char name[64];
         const char *arg = argv[i], *value = NULL, *eq = strchr(arg, '=');
@@ -635,6 +652,14 @@ static int cmd_check(cli_options *o) {
     reject_bench_options(o);
     const fa_backend b = single_backend(o);
     const int gpu = vf_backend_on_device(b);
+    if (o->decode) {
+        if (o->varlen || o->bwd)
+            bad_usage("check --decode: %s does not apply to a decode call%s", o->varlen ? "--varlen" : "--bwd", "");
+        if (o->seqlen_k < 0) o->seqlen_k = 1024;
+        if (o->heads < 0 && o->heads_kv < 0) o->heads = 8, o->heads_kv = 2;
+        cli_set_defaults(o, gpu, 4, 8, 1, gpu ? 128 : 64, 0);
+        return cli_check_decode(o, b);
+    }
     cli_set_defaults(o, gpu, 2, 4, 512, gpu ? 128 : 64, 0);
     char desc[256], dev[300];
     cli_describe(o, desc, sizeof desc);

@@ -85,7 +85,7 @@ extern "C" {
 #endif
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 1
+#define FA_VERSION_MINOR 2
 #define FA_VERSION_PATCH 0
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -272,6 +272,102 @@ FA_API fa_status fa_device_get_info(int32_t ordinal, fa_device_info *info);
  * are not discounted. The backward counts 2.5x this. For a varlen batch pass the host copies of
  * cu_seqlens_q/k (the per-sequence lengths are summed); for a dense batch pass NULL. */
 FA_API double fa_flops_fwd(const fa_params *p, const int32_t *host_cu_seqlens_q, const int32_t *host_cu_seqlens_k);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Decoding with a KV cache (flash-attn's flash_attn_with_kvcache)
+ *
+ * fa_fwd_kvcache attends q to the keys and values held in a cache, after optionally appending new tokens
+ * to it in place. The fa_params describe q, o, lse, the sizes and the score options as for fa_fwd:
+ *   - q, o: (batch, seqlen_q, heads_q, head_dim); lse (batch, heads_q, seqlen_q) or NULL;
+ *   - k, v: the new tokens, (batch, seqlen_k, heads_kv, head_dim), so seqlen_k is seqlen_new; both NULL and
+ *     seqlen_k = 0 when nothing is appended;
+ *   - softmax_scale, causal, window_left/right, softcap, alibi_slopes as for fa_fwd; cu_seqlens must be
+ *     NULL (every sequence has seqlen_q query rows).
+ * Every tensor (q, o, the new tokens, the cache, rotary_cos/sin) has p->dtype.
+ *
+ * For sequence b, with L = cache_seqlens[b] (tokens already in the cache), P = cache_leftpad[b] and
+ * N = seqlen_new:
+ *   1. the new rows k[b, j], v[b, j] are written into the cache at rows L + j (through the page table when
+ *      paged), k rotated first when rotary_cos is set;
+ *   2. the attended keys are cache rows P .. L + N - 1 (seqlen_k of the formula at the top is L + N - P), so
+ *      causal masks, windows and ALiBi are aligned bottom-right on that range: query i sits at key
+ *      position i + (L + N - P) - seqlen_q.
+ * Rotary embedding (rotary_cos != NULL): with c = cos[pos][t], s = sin[pos][t] for t < rotary_dim / 2,
+ * the pair (x0, x1) = (x[2t], x[2t + 1]) when interleaved, (x[t], x[t + rotary_dim / 2]) otherwise, becomes
+ * (x0 c - x1 s, x0 s + x1 c); dimensions from rotary_dim on are unchanged. The new key j is at position
+ * L + j; query row i at L + i when causal or a window is set, else every query row at L (flash-attn's rule:
+ * without a mask all of q is one position). Positions are absolute cache rows (the left padding counts).
+ * The rotated new keys are what the cache receives, rounded to dtype, and the rotated q is rounded to dtype
+ * too (as flash-attn's kernels do); the rotation runs in fp32 on the CPU backend, fp64 on the reference.
+ *
+ * Validation (FA_ERR_INVALID_ARGUMENT, naming the field): L + N <= the capacity (seqlen_cache, or
+ * max_pages * page_size when paged), 0 <= P <= L, cache_batch_idx in [0, batch_cache), the block_table
+ * entries of every page the call reads or writes in [0, num_pages), no cache row appended to by two
+ * sequences (through cache_batch_idx or shared pages; all appends happen before any sequence attends),
+ * rotary positions < rotary_seqlen, rotary_dim a multiple of 16 in [16, head_dim] (flash-attn's rule),
+ * rotary only with new tokens (as flash-attn), cache_batch_idx only without a block_table (as flash-attn),
+ * num_splits >= 0, no output (o, lse, the cache when appending) overlapping another array; on the host
+ * backends the attended rows of the batch, and batch * seqlen_q * heads_q / heads_kv, within int32. On any
+ * error nothing is written, the cache included.
+ *
+ * Backends: CPU and reference. They read the int32 arrays (cache_seqlens, cache_batch_idx, cache_leftpad,
+ * block_table) from host memory during validation. The CUDA and naive backends return FA_ERR_UNSUPPORTED
+ * for now (no decode kernel yet); a device backend will take these arrays in device memory and trust them
+ * (checking them would need a synchronising copy), so the caller must keep them within the bounds above.
+ * ------------------------------------------------------------------------------------------------------- */
+
+typedef struct fa_kvcache {
+    /* The cache, dtype p->dtype, head_dim contiguous, written in place when new tokens are given:
+     *   contiguous (block_table == NULL): (batch_cache, seqlen_cache, heads_kv, head_dim); stride_batch steps
+     *     one cache sequence;
+     *   paged (block_table != NULL): (num_pages, page_size, heads_kv, head_dim); stride_batch steps one page. */
+    fa_tensor k_cache, v_cache;
+    int32_t   batch_cache;  /* contiguous: sequences the cache holds (any number >= 1) */
+    int32_t   seqlen_cache; /* contiguous: rows per sequence (the capacity) */
+
+    /* Paged: block_table is (batch, max_pages) int32 with rows block_table_stride apart (0 means max_pages);
+     * row r of sequence b is row r % page_size of page block_table[b][r / page_size]. Any page_size >= 1. */
+    const int32_t *block_table;
+    int64_t        block_table_stride;
+    int32_t        max_pages;
+    int32_t        num_pages;
+    int32_t        page_size;
+
+    /* Per sequence, int32 (batch) each, or NULL: tokens already in the cache (NULL: the whole capacity),
+     * which cache sequence it uses (NULL: sequence b uses cache sequence b; contiguous cache only), the first
+     * attended row (NULL: 0). */
+    const int32_t *cache_seqlens;
+    const int32_t *cache_batch_idx;
+    const int32_t *cache_leftpad;
+
+    /* Rotary embedding: both NULL (none) or both (rotary_seqlen, rotary_dim / 2) contiguous, dtype p->dtype. */
+    const void *rotary_cos;
+    const void *rotary_sin;
+    int32_t     rotary_seqlen;
+    int32_t     rotary_dim;
+    int32_t     rotary_interleaved; /* 1: pairs (2t, 2t + 1) (flash-attn's default); 0: halves (t, t + dim/2) */
+
+    /* Splits of the key range for a device kernel; 0 = its heuristic. A hint: the host backends ignore it. */
+    int32_t num_splits;
+} fa_kvcache;
+
+/* Zeroes *kv and sets the contiguous cache's geometry; the caller sets k_cache, v_cache and the options.
+ * FA_ERR_INVALID_ARGUMENT only for kv == NULL. */
+FA_API fa_status fa_kvcache_init(fa_kvcache *kv, int32_t batch_cache, int32_t seqlen_cache);
+
+/* Checks a decode call without running it (nothing is written): FA_OK or the status fa_fwd_kvcache would
+ * return, with fa_last_error() saying why. The host backends read the int32 arrays. */
+FA_API fa_status fa_check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec);
+
+/* Bytes of workspace fa_fwd_kvcache needs on exec's backend (the host backends read the int32 arrays). */
+FA_API fa_status fa_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec,
+                                           size_t *bytes);
+
+/* Appends p's k, v (if set) to the cache and writes o and (if not NULL) lse. See above. */
+FA_API fa_status fa_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec);
+
+/* sizeof(fa_kvcache) as compiled into the library (for bindings to check their mirror). */
+FA_API size_t fa_kvcache_sizeof(void);
 
 #ifdef __cplusplus
 }

@@ -570,3 +570,264 @@ fa_status fa_fwd(const fa_params *p, const fa_exec *exec) {
 fa_status fa_bwd(const fa_params *p, const fa_exec *exec) {
     return run(p, exec, 1);
 }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Decoding with a KV cache
+ * ------------------------------------------------------------------------------------------------------- */
+
+fa_status fa_kvcache_init(fa_kvcache *kv, int32_t batch_cache, int32_t seqlen_cache) {
+    fa_clear_error();
+    if (!kv) return fa_fail(FA_ERR_INVALID_ARGUMENT, "kvcache is NULL");
+    memset(kv, 0, sizeof *kv);
+    kv->batch_cache        = batch_cache;
+    kv->seqlen_cache       = seqlen_cache;
+    kv->rotary_interleaved = 1;
+    return FA_OK;
+}
+
+size_t fa_kvcache_sizeof(void) {
+    return sizeof(fa_kvcache);
+}
+
+/* A cache slot appended to, and the sequence that appends it. */
+typedef struct kv_slot {
+    int64_t slot, seq;
+} kv_slot;
+
+static int kv_slot_cmp(const void *a, const void *b) {
+    const kv_slot *x = a, *y = b;
+    if (x->slot != y->slot) return x->slot < y->slot ? -1 : 1;
+    return x->seq < y->seq ? -1 : (x->seq > y->seq);
+}
+
+/* The per-sequence int32 arrays, on the host backends (r resolved, kv's geometry already checked). Two
+ * sequences appending to the same cache slot would make the result depend on the order of the writes, so
+ * every written slot is collected and sorted (batch x seqlen_new entries). */
+static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv) {
+    const int64_t cap = fa_kv_capacity(kv), n_new = r->seqlen_k, ps = kv->page_size;
+    const int64_t ld  = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
+    const int     paged = kv->block_table != NULL;
+    for (int64_t b = 0; b < r->batch; b++) {
+        const int64_t len = fa_kv_seqlen(kv, b), pad = fa_kv_leftpad(kv, b);
+        if (!kv->cache_seqlens && n_new > 0)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                           "cache_seqlens is NULL (every sequence fills the capacity, %lld rows), leaving no room "
+                           "for the %lld new tokens (seqlen_k)", (long long)cap, (long long)n_new);
+        if (len < 0)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_seqlens[%lld] (%lld) is negative", (long long)b, (long long)len);
+        if (len + n_new > cap)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                           "cache_seqlens[%lld] (%lld) + seqlen_k (%lld new tokens) exceeds the cache's capacity "
+                           "(%lld = %s)", (long long)b, (long long)len, (long long)n_new, (long long)cap,
+                           paged ? "max_pages * page_size" : "seqlen_cache");
+        if (pad < 0 || pad > len)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_leftpad[%lld] (%lld) is outside [0, cache_seqlens[%lld] = %lld]",
+                           (long long)b, (long long)pad, (long long)b, (long long)len);
+        if (kv->cache_batch_idx && (kv->cache_batch_idx[b] < 0 || kv->cache_batch_idx[b] >= kv->batch_cache))
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_batch_idx[%lld] (%d) is outside [0, batch_cache = %d)",
+                           (long long)b, kv->cache_batch_idx[b], kv->batch_cache);
+        if (paged && pad < len + n_new)
+            for (int64_t j = pad / ps; j <= (len + n_new - 1) / ps; j++) {
+                const int32_t page = kv->block_table[b * ld + j];
+                if (page < 0 || page >= kv->num_pages)
+                    return fa_fail(FA_ERR_INVALID_ARGUMENT, "block_table[%lld][%lld] (%d) is outside [0, num_pages = %d)",
+                                   (long long)b, (long long)j, page, kv->num_pages);
+            }
+        if (kv->rotary_cos) {
+            const int64_t qpos = fa_kv_q_position(r, kv, b, r->seqlen_q - 1), kpos = len + n_new - 1;
+            const int64_t last = qpos > kpos ? qpos : kpos;
+            if (last >= kv->rotary_seqlen)
+                return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                               "rotary_seqlen (%d) is too short: sequence %lld needs rotary position %lld",
+                               kv->rotary_seqlen, (long long)b, (long long)last);
+        }
+    }
+    /* The host backends attend the gathered rows as a varlen batch, whose prefix sums are int32. */
+    int64_t total = 0;
+    for (int64_t b = 0; b < r->batch; b++) total += fa_kv_seqlen(kv, b) + n_new - fa_kv_leftpad(kv, b);
+    if (total > INT32_MAX)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                       "cache_seqlens: the batch attends %lld cache rows in all, beyond the int32 range the host "
+                       "backends gather them in", (long long)total);
+    if ((int64_t)r->batch * r->seqlen_q * (r->heads_q / r->heads_kv) > INT32_MAX)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch (%d) * seqlen_q (%d) * heads_q / heads_kv (%d) exceeds the "
+                       "int32 range of the host backends' query rows", r->batch, r->seqlen_q, r->heads_q / r->heads_kv);
+    if (n_new == 0) return FA_OK;
+    int64_t count;
+    if (__builtin_mul_overflow((int64_t)r->batch, n_new, &count) || (uint64_t)count > SIZE_MAX / sizeof(kv_slot))
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch * seqlen_k overflows the host's size range");
+    kv_slot *slots = malloc((size_t)count * sizeof(kv_slot));
+    if (!slots) return fa_fail(FA_ERR_OUT_OF_MEMORY, "cannot allocate %lld bytes to check the appended cache slots",
+                               (long long)(count * (int64_t)sizeof(kv_slot)));
+    for (int64_t b = 0, n = 0; b < r->batch; b++)
+        for (int64_t j = 0; j < n_new; j++, n++) {
+            const int64_t row = fa_kv_seqlen(kv, b) + j;
+            slots[n].seq      = b;
+            slots[n].slot     = paged ? (int64_t)kv->block_table[b * ld + row / ps] * ps + row % ps
+                                      : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * cap + row;
+        }
+    qsort(slots, (size_t)count, sizeof(kv_slot), kv_slot_cmp);
+    fa_status st = FA_OK;
+    for (int64_t n = 1; n < count && st == FA_OK; n++)
+        if (slots[n].slot == slots[n - 1].slot) {
+            const int64_t unit = paged ? ps : cap;
+            st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s: sequences %lld and %lld both append to %s %lld, row %lld",
+                         paged ? "block_table" : "cache_batch_idx", (long long)slots[n - 1].seq, (long long)slots[n].seq,
+                         paged ? "page" : "cache sequence", (long long)(slots[n].slot / unit),
+                         (long long)(slots[n].slot % unit));
+        }
+    free(slots);
+    return st;
+}
+
+/* Everything a decode call is checked for; on success *r (resolved params) and *x are what the backend
+ * runs with. */
+static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, fa_params *r,
+                                 fa_exec *x) {
+    fa_clear_error();
+    fa_status st = resolve_exec(p, exec, x);
+    if (st != FA_OK) return st;
+    if (!p) return fa_fail(FA_ERR_INVALID_ARGUMENT, "params is NULL");
+    if (!kv) return fa_fail(FA_ERR_INVALID_ARGUMENT, "kvcache is NULL");
+    if (p->cu_seqlens_q || p->cu_seqlens_k)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q/k must be NULL in a decode call (fa_fwd_kvcache)");
+    if ((p->k.data == NULL) != (p->v.data == NULL))
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "k.data and v.data (the new tokens) must both be set or both be NULL");
+    const int append = p->k.data != NULL;
+    if (!append && p->seqlen_k != 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_k (%d) must be 0 when there are no new tokens (k, v NULL)",
+                       p->seqlen_k);
+    /* validate() checks an fa_fwd problem. Without new tokens the key views stand in as one row of q: q has
+     * at least one row and heads_q >= heads_kv heads, so the stand-in reads nothing outside q (an input). */
+    fa_params pv = *p;
+    if (!append) {
+        pv.seqlen_k = 1;
+        pv.k = pv.v = p->q;
+    }
+    if ((st = validate(&pv, x->backend, 0, r)) != FA_OK) return st;
+    r->seqlen_k = p->seqlen_k;
+    r->k = p->k;
+    r->v = p->v;
+
+    const int     paged = kv->block_table != NULL;
+    const int64_t es    = (int64_t)fa_dtype_size(p->dtype);
+    if (paged) {
+        if (kv->page_size < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "page_size (%d) must be >= 1", kv->page_size);
+        if (kv->num_pages < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "num_pages (%d) must be >= 1", kv->num_pages);
+        if (kv->max_pages < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "max_pages (%d) must be >= 1", kv->max_pages);
+        if (kv->block_table_stride != 0 && kv->block_table_stride < kv->max_pages)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "block_table_stride (%lld) must be 0 or >= max_pages (%d)",
+                           (long long)kv->block_table_stride, kv->max_pages);
+        if (kv->cache_batch_idx)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_batch_idx must be NULL with a block_table (paged cache)");
+    } else {
+        if (kv->batch_cache < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch_cache (%d) must be >= 1", kv->batch_cache);
+        if (kv->seqlen_cache < 1)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_cache (%d) must be >= 1", kv->seqlen_cache);
+    }
+    const int64_t dim0 = paged ? kv->num_pages : kv->batch_cache, dim1 = paged ? kv->page_size : kv->seqlen_cache;
+    if (append) {
+        if ((st = check_output(&kv->k_cache, "k_cache", dim0, dim1, p->heads_kv, p->head_dim, 0)) ||
+            (st = check_output(&kv->v_cache, "v_cache", dim0, dim1, p->heads_kv, p->head_dim, 0)))
+            return st;
+    } else if ((st = check_input(&kv->k_cache, "k_cache", 0)) || (st = check_input(&kv->v_cache, "v_cache", 0))) {
+        return st;
+    }
+    if ((kv->rotary_cos == NULL) != (kv->rotary_sin == NULL))
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "rotary_cos and rotary_sin must both be set or both be NULL");
+    if (kv->rotary_cos) {
+        if (!append)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "rotary_cos is set but there are no new tokens (k, v NULL): the "
+                                                    "rotary embedding applies to q and the appended keys together");
+        if (kv->rotary_dim < 16 || kv->rotary_dim % 16 || kv->rotary_dim > p->head_dim)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "rotary_dim (%d) must be a multiple of 16 in [16, head_dim = %d]",
+                           kv->rotary_dim, p->head_dim);
+        if (kv->rotary_seqlen < 1)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "rotary_seqlen (%d) must be >= 1", kv->rotary_seqlen);
+        if (kv->rotary_interleaved != 0 && kv->rotary_interleaved != 1)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "rotary_interleaved (%d) is not 0 or 1", kv->rotary_interleaved);
+    }
+    if (kv->num_splits < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "num_splits (%d) is negative", kv->num_splits);
+
+    /* Alignment and overlap of every array of the call. The cache is an output when tokens are appended. */
+    span sp[16];
+    int  n = 0;
+    int64_t lse_n = (int64_t)p->batch * p->heads_q * p->seqlen_q, bt_n = 0, ro_n = 0;
+    if ((st = check_aligned(kv->k_cache.data, (size_t)es, "k_cache.data")) ||
+        (st = check_aligned(kv->v_cache.data, (size_t)es, "v_cache.data")) ||
+        (st = check_aligned(kv->rotary_cos, (size_t)es, "rotary_cos")) ||
+        (st = check_aligned(kv->rotary_sin, (size_t)es, "rotary_sin")) ||
+        (st = check_aligned(kv->block_table, 4, "block_table")) ||
+        (st = check_aligned(kv->cache_seqlens, 4, "cache_seqlens")) ||
+        (st = check_aligned(kv->cache_batch_idx, 4, "cache_batch_idx")) ||
+        (st = check_aligned(kv->cache_leftpad, 4, "cache_leftpad")))
+        return st;
+    if (paged && (__builtin_mul_overflow((int64_t)p->batch - 1,
+                                         kv->block_table_stride ? kv->block_table_stride : kv->max_pages, &bt_n) ||
+                  __builtin_add_overflow(bt_n, (int64_t)kv->max_pages, &bt_n)))
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "block_table: batch * block_table_stride overflows int64");
+    if (kv->rotary_cos) ro_n = (int64_t)kv->rotary_seqlen * (kv->rotary_dim / 2);
+    if ((st = tensor_span(&p->q, "q", p->batch, p->seqlen_q, p->heads_q, p->head_dim, es, 0, 0, &sp[n++])) ||
+        (st = tensor_span(&p->o, "o", p->batch, p->seqlen_q, p->heads_q, p->head_dim, es, 0, 1, &sp[n++])) ||
+        (st = tensor_span(&kv->k_cache, "k_cache", dim0, dim1, p->heads_kv, p->head_dim, es, 0, append, &sp[n++])) ||
+        (st = tensor_span(&kv->v_cache, "v_cache", dim0, dim1, p->heads_kv, p->head_dim, es, 0, append, &sp[n++])) ||
+        (st = flat_span(p->lse, lse_n, 4, "lse", 1, &sp[n++])) ||
+        (st = flat_span(kv->block_table, bt_n, 4, "block_table", 0, &sp[n++])) ||
+        (st = flat_span(kv->cache_seqlens, p->batch, 4, "cache_seqlens", 0, &sp[n++])) ||
+        (st = flat_span(kv->cache_batch_idx, p->batch, 4, "cache_batch_idx", 0, &sp[n++])) ||
+        (st = flat_span(kv->cache_leftpad, p->batch, 4, "cache_leftpad", 0, &sp[n++])) ||
+        (st = flat_span(kv->rotary_cos, ro_n, es, "rotary_cos", 0, &sp[n++])) ||
+        (st = flat_span(kv->rotary_sin, ro_n, es, "rotary_sin", 0, &sp[n++])))
+        return st;
+    if (append &&
+        ((st = tensor_span(&p->k, "k", p->batch, p->seqlen_k, p->heads_kv, p->head_dim, es, 0, 0, &sp[n++])) ||
+         (st = tensor_span(&p->v, "v", p->batch, p->seqlen_k, p->heads_kv, p->head_dim, es, 0, 0, &sp[n++]))))
+        return st;
+    if (p->alibi_slopes) {
+        int64_t count = p->alibi_batch_stride ? (p->batch - 1) * p->alibi_batch_stride + p->heads_q : p->heads_q;
+        if ((st = flat_span(p->alibi_slopes, count, 4, "alibi_slopes", 0, &sp[n++]))) return st;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if ((sp[i].output || sp[j].output) && sp[i].lo < sp[i].hi && sp[j].lo < sp[j].hi &&
+                sp[i].lo < sp[j].hi && sp[j].lo < sp[i].hi)
+                return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s and %s overlap in memory (%s is an output)", sp[i].name,
+                               sp[j].name, sp[i].output ? sp[i].name : sp[j].name);
+
+    if (!host_backend(x->backend))
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the %s backend has no decode (KV cache) kernel yet: fa_fwd_kvcache runs on FA_BACKEND_CPU "
+                       "and FA_BACKEND_REFERENCE, with host memory",
+                       x->backend == FA_BACKEND_CUDA ? "cuda" : "naive");
+    return check_kvcache_arrays(r, kv);
+}
+
+fa_status fa_check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec) {
+    fa_params r;
+    fa_exec   x;
+    return prepare_kvcache(p, kv, exec, &r, &x);
+}
+
+fa_status fa_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, size_t *bytes) {
+    fa_params r;
+    fa_exec   x;
+    if (!bytes) return fa_fail(FA_ERR_INVALID_ARGUMENT, "bytes is NULL");
+    fa_status st = prepare_kvcache(p, kv, exec, &r, &x);
+    if (st != FA_OK) return st;
+    *bytes = x.backend == FA_BACKEND_CPU ? fa_cpu_kvcache_workspace_size(&r, kv, x.num_threads) : 0;
+    return FA_OK;
+}
+
+fa_status fa_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec) {
+    fa_params r;
+    fa_exec   x;
+    fa_status st = prepare_kvcache(p, kv, exec, &r, &x);
+    if (st != FA_OK) return st;
+    if (x.backend == FA_BACKEND_REFERENCE) return fa_reference_fwd_kvcache(&r, kv);
+    if (x.workspace) {
+        const size_t need = fa_cpu_kvcache_workspace_size(&r, kv, x.num_threads);
+        if (x.workspace_bytes < need)
+            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x.workspace_bytes, need);
+    }
+    return fa_cpu_fwd_kvcache(&r, kv, &x);
+}

@@ -208,6 +208,65 @@ fa_status fa_naive_fwd(const fa_params *p, const fa_exec *x);
 fa_status fa_naive_bwd(const fa_params *p, const fa_exec *x);
 #endif
 
+/* ---- decoding with a KV cache: geometry of a validated call (see fa_fwd_kvcache in flashattn.h) ---- */
+
+static inline int64_t fa_kv_capacity(const fa_kvcache *kv) {
+    return kv->block_table ? (int64_t)kv->max_pages * kv->page_size : kv->seqlen_cache;
+}
+
+/* Tokens already in the cache for sequence b (L), and its first attended row (P). */
+static inline int64_t fa_kv_seqlen(const fa_kvcache *kv, int64_t b) {
+    return kv->cache_seqlens ? kv->cache_seqlens[b] : fa_kv_capacity(kv);
+}
+static inline int64_t fa_kv_leftpad(const fa_kvcache *kv, int64_t b) {
+    return kv->cache_leftpad ? kv->cache_leftpad[b] : 0;
+}
+
+/* Element offset of cache row r (absolute, leftpad included) of sequence b, kv head h, in t (k or v cache). */
+static inline int64_t fa_kv_offset(const fa_kvcache *kv, const fa_tensor *t, int64_t b, int64_t r, int64_t h) {
+    if (kv->block_table) {
+        const int64_t ld   = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
+        const int64_t page = kv->block_table[b * ld + r / kv->page_size];
+        return page * t->stride_batch + (r % kv->page_size) * t->stride_seq + h * t->stride_head;
+    }
+    const int64_t seq = kv->cache_batch_idx ? kv->cache_batch_idx[b] : b;
+    return seq * t->stride_batch + r * t->stride_seq + h * t->stride_head;
+}
+
+/* Rotary position of query row i of sequence b: L + i under a mask (causal or a window; p is resolved, so
+ * causal has set window_right = 0), L for every row without one. */
+static inline int64_t fa_kv_q_position(const fa_params *p, const fa_kvcache *kv, int64_t b, int64_t i) {
+    const int local = p->window_left >= 0 || p->window_right >= 0;
+    return fa_kv_seqlen(kv, b) + (local ? i : 0);
+}
+
+/* Rotary pair t of a row (x0 at index a, x1 at index c). */
+static inline void fa_rotary_pair(const fa_kvcache *kv, int64_t t, int64_t *a, int64_t *c) {
+    if (kv->rotary_interleaved) {
+        *a = 2 * t;
+        *c = 2 * t + 1;
+    } else {
+        *a = t;
+        *c = t + kv->rotary_dim / 2;
+    }
+}
+
+/* x rounded to the nearest value of dtype t (the rotated q and new keys are values of the dtype, as in
+ * flash-attn's kernels, which store them in the element type before the products). */
+static inline float fa_round_dtype(fa_dtype t, float x) {
+    switch (t) {
+    case FA_F16: return fa_f16_to_f32(fa_f32_to_f16(x));
+    case FA_BF16: return fa_bf16_to_f32(fa_f32_to_bf16(x));
+    default: return x;
+    }
+}
+
+/* fp64 reference and CPU backend of fa_fwd_kvcache (validated, resolved params; nothing written before
+ * every allocation has succeeded). */
+fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv);
+size_t    fa_cpu_kvcache_workspace_size(const fa_params *p, const fa_kvcache *kv, int num_threads);
+fa_status fa_cpu_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x);
+
 #ifdef __cplusplus
 }
 #endif

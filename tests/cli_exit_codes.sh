@@ -36,6 +36,14 @@ echo '{"not": "a list"}' > "$tmp/bad.json"
 expect 2 "--peers on a malformed file is bad usage" "not a JSON list" -- \
     bench --sweep paper --backend cpu --plot "$tmp/p.svg" --peers "$tmp/bad.json"
 expect 2 "an unknown option" "" -- check --no-such-option
+decode="--decode --backend cpu --batch 3 --heads 4 --heads-kv 2 --head-dim 32 --seqlen-k 100"
+expect 0 "check --decode, paged, appending with rotary, causal" "check: PASS" -- \
+    check $decode --page-size 16 --new 3 --seqlen-q 3 --causal --rotary-dim 32 --leftpad
+expect 0 "check --decode on the reference, contiguous, halves rotary, f16" "check: PASS" -- \
+    check $decode --backend reference --dtype f16 --rotary-dim 16 --rotary-halves
+expect 2 "check --decode refuses a rotary_dim that is not a multiple of 16" "rotary_dim \(8\).*--rotary-dim" -- \
+    check $decode --rotary-dim 8
+expect 2 "check --decode refuses more new tokens than the cache holds" "capacity" -- check $decode --new 101
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

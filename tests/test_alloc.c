@@ -3,7 +3,8 @@
  * the library (the static archive) goes through __wrap_malloc below, which can fail the N-th call. For the CPU
  * and reference backends, forward and backward, dense and varlen: count the calls of a good run, then fail
  * each of them in turn; every such run must return FA_ERR_OUT_OF_MEMORY with every output byte as poisoned
- * before the call, and the run after it must succeed again (nothing left half-freed).
+ * before the call, and the run after it must succeed again (nothing left half-freed). The same for the decode
+ * call (fa_fwd_kvcache), whose outputs include the cache it appends to.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,11 +107,81 @@ static void sweep(fa_backend be, int backward, int varlen) {
                  name, what, varlen ? "varlen" : "dense", n);
 }
 
+/* Decoding with a KV cache: a paged cache, two new tokens appended with rotary. The cache is an output too:
+ * a failed allocation must leave it as it was. */
+enum { KV_PAGES = 16, KV_PAGE = 8, KV_MAX_PAGES = 8, KV_NEW = 2, KV_SQ = 2, KV_ROT = 16, KV_RO = 70 };
+
+typedef struct kv_bufs {
+    float kc[KV_PAGES * KV_PAGE * HKV * D], vc[KV_PAGES * KV_PAGE * HKV * D];
+    float o[B * KV_SQ * HQ * D], lse[B * HQ * KV_SQ];
+} kv_bufs;
+
+static kv_bufs kvx, kv_saved;
+static float kq[B * KV_SQ * HQ * D], knew[B * KV_NEW * HKV * D], vnew[B * KV_NEW * HKV * D];
+static float rcos[KV_RO * KV_ROT / 2], rsin[KV_RO * KV_ROT / 2];
+static int32_t table[B * KV_MAX_PAGES], seqlens[B] = { 40, 0 };
+
+static fa_status kv_call(const fa_params *p, const fa_kvcache *kv, fa_backend be, long fail) {
+    fa_exec e = { be, FA_KERNEL_AUTO, -1, 0, NULL, NULL, 0 };
+    calls = 0, fail_at = fail, armed = 1;
+    fa_status st = fa_fwd_kvcache(p, kv, &e);
+    armed = 0;
+    return st;
+}
+
+static void kv_sweep(fa_backend be) {
+    const char *name = be == FA_BACKEND_CPU ? "cpu" : "reference";
+    for (size_t i = 0; i < sizeof kq / 4; i++) kq[i] = (float)((i * 7919) % 101) / 50.0f - 1.0f;
+    for (size_t i = 0; i < sizeof knew / 4; i++) knew[i] = (float)((i * 31) % 89) / 44.0f - 1.0f;
+    for (size_t i = 0; i < sizeof vnew / 4; i++) vnew[i] = (float)((i * 17) % 83) / 41.0f - 1.0f;
+    for (size_t i = 0; i < sizeof rcos / 4; i++) rcos[i] = (float)((i * 13) % 29) / 14.0f - 1.0f;
+    for (size_t i = 0; i < sizeof rsin / 4; i++) rsin[i] = (float)((i * 11) % 23) / 11.0f - 1.0f;
+    for (int i = 0; i < B * KV_MAX_PAGES; i++) table[i] = (i * 5) % KV_PAGES;
+    fa_params p;
+    fa_params_init(&p, FA_F32, B, KV_SQ, KV_NEW, HQ, HKV, D);
+    p.causal = 1;
+    p.q = fa_tensor_contiguous(kq, KV_SQ, HQ, D), p.o = fa_tensor_contiguous(kvx.o, KV_SQ, HQ, D);
+    p.k = fa_tensor_contiguous(knew, KV_NEW, HKV, D), p.v = fa_tensor_contiguous(vnew, KV_NEW, HKV, D);
+    p.lse = kvx.lse;
+    fa_kvcache kv;
+    fa_kvcache_init(&kv, 0, 0);
+    kv.k_cache = fa_tensor_contiguous(kvx.kc, KV_PAGE, HKV, D),
+    kv.v_cache = fa_tensor_contiguous(kvx.vc, KV_PAGE, HKV, D);
+    kv.block_table = table, kv.max_pages = KV_MAX_PAGES, kv.num_pages = KV_PAGES, kv.page_size = KV_PAGE;
+    kv.cache_seqlens = seqlens;
+    kv.rotary_cos = rcos, kv.rotary_sin = rsin, kv.rotary_seqlen = KV_RO, kv.rotary_dim = KV_ROT;
+    for (size_t i = 0; i < sizeof kvx.kc / 4; i++) kvx.kc[i] = (float)((i * 104729) % 97) / 48.0f - 1.0f;
+    for (size_t i = 0; i < sizeof kvx.vc / 4; i++) kvx.vc[i] = (float)((i * 7) % 79) / 39.0f - 1.0f;
+    memset(kvx.o, 0xa5, sizeof kvx.o), memset(kvx.lse, 0xa5, sizeof kvx.lse);
+    kv_saved = kvx;
+    fa_status st = kv_call(&p, &kv, be, 0);
+    const long n = calls;
+    if (!th_check(st == FA_OK && n > 0, "%s kvcache: good run, %ld allocations", name, n)) return;
+    int bad = 0;
+    for (long k = 1; k <= n; k++) {
+        kvx = kv_saved;
+        st = kv_call(&p, &kv, be, k);
+        if (st != FA_ERR_OUT_OF_MEMORY || memcmp(&kvx, &kv_saved, sizeof kvx) || !*fa_last_error()) {
+            th_fail("%s kvcache: allocation %ld of %ld failed: status %s, outputs or cache %s", name, k, n,
+                    fa_status_name(st), memcmp(&kvx, &kv_saved, sizeof kvx) ? "written" : "untouched");
+            bad = 1;
+        }
+    }
+    kvx = kv_saved;
+    st = kv_call(&p, &kv, be, 0);
+    if (!bad)
+        th_check(st == FA_OK && memcmp(&kvx, &kv_saved, sizeof kvx),
+                 "%s kvcache: each of %ld allocations failed in turn: FA_ERR_OUT_OF_MEMORY, outputs and cache "
+                 "untouched; then a good run (which writes them)",
+                 name, n);
+}
+
 int main(int argc, char **argv) {
     th_init(argc, argv, NULL);
     const fa_backend be[2] = { FA_BACKEND_CPU, FA_BACKEND_REFERENCE };
     for (int i = 0; i < 2; i++)
         for (int backward = 0; backward < 2; backward++)
             for (int varlen = 0; varlen < 2; varlen++) sweep(be[i], backward, varlen);
+    for (int i = 0; i < 2; i++) kv_sweep(be[i]);
     return th_finish();
 }

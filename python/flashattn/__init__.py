@@ -35,8 +35,9 @@ _TORCH_NAMES = (
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
     "scaled_dot_product_attention",
+    "flash_attn_with_kvcache",
 )
-_NUMPY_NAMES = ("attention", "attention_backward")
+_NUMPY_NAMES = ("attention", "attention_backward", "attention_with_kvcache")
 
 __all__ = [
     "FlashAttnError",

@@ -12,7 +12,7 @@ import sys
 
 # The header this binding mirrors (FA_VERSION_NUMBER of include/flashattn.h).
 VERSION_MAJOR = 0
-VERSION_MINOR = 1
+VERSION_MINOR = 2
 VERSION_PATCH = 0
 VERSION_NUMBER = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
@@ -112,6 +112,32 @@ class Exec(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+class KvCache(ctypes.Structure):
+    """fa_kvcache: the cache, its page table, the per-sequence int32 arrays and the rotary tables of a
+    decode call (fa_fwd_kvcache)."""
+
+    _fields_ = [
+        ("k_cache", Tensor),
+        ("v_cache", Tensor),
+        ("batch_cache", ctypes.c_int32),
+        ("seqlen_cache", ctypes.c_int32),
+        ("block_table", ctypes.c_void_p),
+        ("block_table_stride", ctypes.c_int64),
+        ("max_pages", ctypes.c_int32),
+        ("num_pages", ctypes.c_int32),
+        ("page_size", ctypes.c_int32),
+        ("cache_seqlens", ctypes.c_void_p),
+        ("cache_batch_idx", ctypes.c_void_p),
+        ("cache_leftpad", ctypes.c_void_p),
+        ("rotary_cos", ctypes.c_void_p),
+        ("rotary_sin", ctypes.c_void_p),
+        ("rotary_seqlen", ctypes.c_int32),
+        ("rotary_dim", ctypes.c_int32),
+        ("rotary_interleaved", ctypes.c_int32),
+        ("num_splits", ctypes.c_int32),
     ]
 
 
@@ -243,6 +269,11 @@ def _declare(lib):
         "fa_backend_built": (ctypes.c_int, [_c_enum]),
         "fa_device_count": (ctypes.c_int, []),
         "fa_device_get_info": (_c_enum, [ctypes.c_int32, P(DeviceInfo)]),
+        "fa_kvcache_init": (_c_enum, [P(KvCache), ctypes.c_int32, ctypes.c_int32]),
+        "fa_check_kvcache": (_c_enum, [P(Params), P(KvCache), P(Exec)]),
+        "fa_workspace_size_kvcache": (_c_enum, [P(Params), P(KvCache), P(Exec), P(ctypes.c_size_t)]),
+        "fa_fwd_kvcache": (_c_enum, [P(Params), P(KvCache), P(Exec)]),
+        "fa_kvcache_sizeof": (ctypes.c_size_t, []),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -261,6 +292,7 @@ def _check_abi(lib, path):
     for what, struct, size in (
         ("fa_params", Params, lib.fa_params_sizeof()),
         ("fa_exec", Exec, lib.fa_exec_sizeof()),
+        ("fa_kvcache", KvCache, lib.fa_kvcache_sizeof()),
     ):
         if size != ctypes.sizeof(struct):
             raise ImportError(
@@ -337,3 +369,15 @@ def device_info(ordinal=0):
         "sm_count": info.sm_count,
         "memory_bytes": info.memory_bytes,
     }
+
+
+def new_kvcache(batch_cache, seqlen_cache):
+    kv = KvCache()
+    call("fa_kvcache_init", ctypes.byref(kv), batch_cache, seqlen_cache)
+    return kv
+
+
+def workspace_size_kvcache(params, kv, exe):
+    n = ctypes.c_size_t(0)
+    call("fa_workspace_size_kvcache", ctypes.byref(params), ctypes.byref(kv), ctypes.byref(exe), ctypes.byref(n))
+    return n.value

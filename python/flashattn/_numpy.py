@@ -220,3 +220,80 @@ def attention_backward(dout, q, k, v, out, lse, causal=False, softmax_scale=None
         pr.p.lse = lse.ctypes.data
         pr.run("fa_bwd", exe, 1)
     return dq, dk, dv
+
+
+def _int32_view(name, a, batch_like=None):
+    """A contiguous int32 copy of an integer array (or a scalar broadcast to (batch,)), as a View."""
+    from ._kvcache import View
+
+    if a is None:
+        return None, None
+    if batch_like is not None and np.ndim(a) == 0:
+        a = np.full((batch_like,), int(a), dtype=np.int64)
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of int32, got {type(a).__name__}")
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int32), got dtype {a.dtype}")
+    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+        raise ValueError(f"{name} holds values outside the int32 range")
+    c = np.ascontiguousarray(a, dtype=np.int32)
+    return View(name, c.ctypes.data, c.shape, _strides(c)), c
+
+
+def attention_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                           cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                           backend="cpu", num_threads=0):
+    """Decoding with a KV cache on numpy arrays: flash-attn's flash_attn_with_kvcache, argument for argument.
+
+    q: (batch, seqlen_q, heads_q, head_dim). k_cache, v_cache: (batch_cache, seqlen_cache, heads_kv, head_dim),
+    or (num_pages, page_size, heads_kv, head_dim) with block_table (batch, max_pages) int32. k, v: new tokens
+    (batch, seqlen_new, heads_kv, head_dim), written into the cache IN PLACE at rows cache_seqlens[b] ..
+    before attending. rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2): rotary embedding of q and the new
+    keys (interleaved pairs or halves), only with k and v. cache_seqlens: int or (batch,) int (default: the
+    whole cache); cache_batch_idx: (batch,) cache rows (contiguous cache only); cache_leftpad: (batch,) first
+    attended row. Every float array has q's dtype. num_splits is a hint the host backends ignore.
+    Returns out (like q), or (out, lse float32 (batch, heads_q, seqlen_q)) with return_softmax_lse=True.
+    """
+    from . import _kvcache
+
+    exe = _backend(backend, num_threads)
+    if not isinstance(q, np.ndarray):
+        raise TypeError(f"q must be a numpy.ndarray, got {type(q).__name__}")
+    dtype = _fa_dtype("q", q)
+    keep = []
+
+    def view(name, a):
+        if a is None:
+            return None
+        _check_array(name, a, q.dtype)
+        if not a.flags.writeable and name in ("k_cache", "v_cache") and k is not None:
+            raise ValueError(f"{name} is read-only but the new tokens k, v are written into it")
+        keep.append(a)
+        return _kvcache.View(name, a.ctypes.data, a.shape, _strides(a))
+
+    _check_last_dim("q", q)
+    batch = q.shape[0] if q.ndim == 4 else 0
+    ints = {}
+    for name, a in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                    ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
+        ints[name], arr = _int32_view(name, a, batch if name == "cache_seqlens" else None)
+        keep.append(arr)
+    alibi, stride = _alibi(alibi_slopes, batch, q.shape[2] if q.ndim == 4 else 0)
+    out = np.empty(q.shape, dtype=q.dtype)
+    lse = np.empty((batch, q.shape[2], q.shape[1]) if q.ndim == 4 else (0,), dtype=np.float32)
+    p, kv = _kvcache.build(dtype, view("q", q), view("k_cache", k_cache), view("v_cache", v_cache), view("k", k),
+                           view("v", v), view("out", out), view("rotary_cos", rotary_cos),
+                           view("rotary_sin", rotary_sin), ints["cache_seqlens"], ints["cache_batch_idx"],
+                           ints["cache_leftpad"], ints["block_table"], softmax_scale, causal, window_size, softcap,
+                           None if alibi is None else (alibi.ctypes.data, stride), rotary_interleaved, num_splits)
+    p.lse = lse.ctypes.data
+
+    def allocate(n):
+        ws = np.empty(n, dtype=np.uint8)
+        return ws, ws.ctypes.data
+
+    _kvcache.run(p, kv, exe, allocate)
+    del keep
+    return (out, lse) if return_softmax_lse else out

@@ -802,3 +802,81 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     out = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale,
                           causal=bool(is_causal))
     return out.transpose(1, 2)
+
+
+# ---- decoding with a KV cache ----
+
+def _kv_int32(name, t, q, batch=None):
+    """An int32 tensor on q's device (a scalar cache_seqlens broadcast to (batch,)), contiguous."""
+    if t is None:
+        return None
+    if batch is not None and isinstance(t, int):
+        return torch.full((batch,), t, dtype=torch.int32, device=q.device)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    return t.contiguous() if t.dim() == 1 else t
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Decoding with a KV cache, as flash_attn.flash_attn_with_kvcache.
+
+    q: (batch, seqlen_q, heads_q, head_dim). k_cache, v_cache: (batch_cache, seqlen_cache, heads_kv, head_dim),
+    or paged (num_pages, page_size, heads_kv, head_dim) with block_table int32 (batch, max_pages); any page
+    size. k, v (batch, seqlen_new, heads_kv, head_dim): new tokens written into the cache IN PLACE at rows
+    cache_seqlens[b] .. before attending. rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2), rotary_dim a
+    multiple of 16: rotary embedding of q and the new keys, only with k and v; q sits at cache_seqlens[b] + i
+    when causal or windowed, at cache_seqlens[b] otherwise (flash-attn's rule). cache_seqlens: int or int32
+    (batch,), default the whole cache; cache_batch_idx int32 (batch,) (contiguous cache only);
+    cache_leftpad int32 (batch,): the first attended row. causal is aligned bottom-right on the attended
+    rows. head_dim must be a multiple of 8 (the cache cannot be padded in place). num_splits is a hint.
+    CPU tensors run on the CPU backend; CUDA tensors raise FlashAttnError (FA_ERR_UNSUPPORTED) until the GPU
+    decode kernel lands. No autograd (as flash-attn's). Returns out, or (out, softmax_lse (batch, heads_q,
+    seqlen_q) float32) with return_softmax_lse=True.
+    """
+    from . import _kvcache
+
+    _check_tensor("q", q)
+    dtype = _DTYPES[q.dtype]
+    batch = q.shape[0] if q.dim() == 4 else 0
+    heads_q = q.shape[2] if q.dim() == 4 else 0
+
+    def view(name, t):
+        if t is None:
+            return None
+        _check_tensor(name, t, q)
+        return _kvcache.View(name, t.data_ptr(), tuple(t.shape), t.stride())
+
+    ints = {}
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                    ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
+        t = _kv_int32(name, t, q, batch if name == "cache_seqlens" else None)
+        ints[name] = t
+    _check_alibi(alibi_slopes, q, batch, heads_q)
+    alibi = None
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.contiguous()
+        alibi = (alibi_slopes.data_ptr(), heads_q if alibi_slopes.dim() == 2 else 0)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, q.shape[1] if q.dim() == 4 else 0), dtype=torch.float32, device=q.device)
+    p, kv = _kvcache.build(dtype, view("q", q), view("k_cache", k_cache), view("v_cache", v_cache), view("k", k),
+                           view("v", v), view("out", out), view("rotary_cos", rotary_cos),
+                           view("rotary_sin", rotary_sin),
+                           *(None if ints[n] is None else
+                             _kvcache.View(n, ints[n].data_ptr(), tuple(ints[n].shape), ints[n].stride())
+                             for n in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table")),
+                           softmax_scale, causal, window_size, softcap, alibi, rotary_interleaved, num_splits)
+    p.lse = lse.data_ptr()
+
+    def allocate(n):
+        ws = torch.empty(n, dtype=torch.uint8, device=q.device)
+        return ws, ws.data_ptr()
+
+    _kvcache.run(p, kv, _exec_for(q), allocate)
+    return (out, lse) if return_softmax_lse else out

@@ -30,7 +30,8 @@ def lib():
 
 
 def _mirrors(lib):
-    return {"fa_tensor": lib.Tensor, "fa_params": lib.Params, "fa_exec": lib.Exec, "fa_device_info": lib.DeviceInfo}
+    return {"fa_tensor": lib.Tensor, "fa_params": lib.Params, "fa_exec": lib.Exec, "fa_device_info": lib.DeviceInfo,
+            "fa_kvcache": lib.KvCache}
 
 
 def test_version_macros_match_header(lib):

@@ -175,7 +175,7 @@ def alibi(heads, batch=None):
 # ---------------------------------------------------------------------------------------------------------
 
 def test_version_and_build_info():
-    assert flashattn.version() == "0.1.0"
+    assert flashattn.version() == "0.2.0"
     assert _lib.lib.fa_version_number() == _lib.VERSION_NUMBER
     assert "cpu" in flashattn.build_info()
     assert flashattn.backend_built("cpu") and flashattn.backend_built("reference")

@@ -102,11 +102,12 @@ static int64_t max_len_k(const fa_params *p) {
     return m;
 }
 
-fa_status fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
-                               double *lse) {
-    const int64_t d = p->head_dim, lk = max_len_k(p) > 0 ? max_len_k(p) : 1;
-    double *score = malloc((size_t)lk * sizeof(double));
-    if (!score) return fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
+/* The forward's rows with the caller's score buffer of max(1, max_len_k(p)) doubles: it cannot fail, so a
+ * caller that has written something before (the decode call's cache) can allocate first. q, k, v are not
+ * const: GCC would check at each call, and doubt, that every element of a malloc'ed input was written. */
+static void fwd_f64_rows(const fa_params *p, double *q, double *k, double *v, double *o, double *lse,
+                         double *score) {
+    const int64_t d = p->head_dim;
     for (int64_t b = 0; b < p->batch; b++) {
         fa_seq s = packed_seq(p, b);
         for (int64_t h = 0; h < p->heads_q; h++) {
@@ -130,6 +131,14 @@ fa_status fa_reference_fwd_f64(const fa_params *p, const double *q, const double
             }
         }
     }
+}
+
+fa_status fa_reference_fwd_f64(const fa_params *p, const double *q, const double *k, const double *v, double *o,
+                               double *lse) {
+    const int64_t lk = max_len_k(p) > 0 ? max_len_k(p) : 1;
+    double *score = malloc((size_t)lk * sizeof(double));
+    if (!score) return fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
+    fwd_f64_rows(p, (double *)q, (double *)k, (double *)v, o, lse, score);
     free(score);
     return FA_OK;
 }
@@ -267,5 +276,103 @@ fa_status fa_reference_bwd(const fa_params *p) {
         scatter(p, &p->dv, 0, dv);
     }
     free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv);
+    return st;
+}
+
+/* ---- decoding with a KV cache: append (rotary on the new keys), gather the attended rows, attend ---- */
+
+/* Rotates the first rotary_dim entries of row x (fp64) to position pos. */
+static void rotate_f64(const fa_kvcache *kv, fa_dtype dt, int64_t pos, double *x) {
+    const int64_t half = kv->rotary_dim / 2;
+    for (int64_t t = 0; t < half; t++) {
+        int64_t a, c;
+        fa_rotary_pair(kv, t, &a, &c);
+        const double cs = fa_load(kv->rotary_cos, dt, pos * half + t), sn = fa_load(kv->rotary_sin, dt, pos * half + t);
+        const double x0 = x[a], x1 = x[c];
+        x[a] = x0 * cs - x1 * sn;
+        x[c] = x0 * sn + x1 * cs;
+    }
+}
+
+fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv) {
+    const int64_t d = p->head_dim, hq = p->heads_q, hkv = p->heads_kv, sq = p->seqlen_q, n_new = p->seqlen_k;
+    const int64_t tq = (int64_t)p->batch * sq;
+    int64_t tk = 0, max_k = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t len = fa_kv_seqlen(kv, b) + n_new - fa_kv_leftpad(kv, b);
+        tk += len;
+        if (len > max_k) max_k = len;
+    }
+    /* The attention runs as a varlen batch over the gathered rows: sequence b's keys are its cache rows
+     * P .. L + N - 1, packed. Everything is allocated before the cache is written. */
+    int32_t *cu_q = malloc(sizeof(int32_t) * (size_t)(p->batch + 1)), *cu_k = malloc(sizeof(int32_t) * (size_t)(p->batch + 1));
+    double  *q = malloc(nbytes(tq, hq, d)), *o = malloc(nbytes(tq, hq, d)), *lse = malloc(nbytes(tq, hq, 1));
+    double  *k = malloc(nbytes(tk, hkv, d)), *v = malloc(nbytes(tk, hkv, d)), *row = malloc(nbytes(1, 1, d));
+    double  *score = malloc(nbytes(max_k, 1, 1));
+    fa_status st = FA_OK;
+    if (!cu_q || !cu_k || !q || !o || !lse || !k || !v || !row || !score) {
+        st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
+        goto done;
+    }
+    /* 1. append: the new rows, k rotated in fp64, rounded once to the cache's dtype */
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t j = 0; j < n_new; j++) {
+            const int64_t r = fa_kv_seqlen(kv, b) + j;
+            for (int64_t h = 0; h < hkv; h++) {
+                const int64_t src = b * p->k.stride_batch + j * p->k.stride_seq + h * p->k.stride_head;
+                for (int64_t c = 0; c < d; c++) row[c] = fa_load(p->k.data, p->dtype, src + c);
+                if (kv->rotary_cos) rotate_f64(kv, p->dtype, r, row);
+                const int64_t dk = fa_kv_offset(kv, &kv->k_cache, b, r, h), dv = fa_kv_offset(kv, &kv->v_cache, b, r, h);
+                const int64_t sv = b * p->v.stride_batch + j * p->v.stride_seq + h * p->v.stride_head;
+                for (int64_t c = 0; c < d; c++) {
+                    fa_store(kv->k_cache.data, p->dtype, dk + c, (float)row[c]);
+                    fa_store(kv->v_cache.data, p->dtype, dv + c, fa_load(p->v.data, p->dtype, sv + c));
+                }
+            }
+        }
+    /* 2. gather the attended rows and q (rotated at its positions and rounded to dtype, like the keys) */
+    cu_q[0] = cu_k[0] = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t pad = fa_kv_leftpad(kv, b), end = fa_kv_seqlen(kv, b) + n_new;
+        cu_q[b + 1] = (int32_t)((b + 1) * sq);
+        cu_k[b + 1] = (int32_t)(cu_k[b] + end - pad);
+        for (int64_t r = pad; r < end; r++)
+            for (int64_t h = 0; h < hkv; h++) {
+                const int64_t ok = fa_kv_offset(kv, &kv->k_cache, b, r, h), ov = fa_kv_offset(kv, &kv->v_cache, b, r, h);
+                double *kd = k + ((cu_k[b] + r - pad) * hkv + h) * d, *vd = v + ((cu_k[b] + r - pad) * hkv + h) * d;
+                for (int64_t c = 0; c < d; c++) {
+                    kd[c] = fa_load(kv->k_cache.data, p->dtype, ok + c);
+                    vd[c] = fa_load(kv->v_cache.data, p->dtype, ov + c);
+                }
+            }
+        for (int64_t i = 0; i < sq; i++)
+            for (int64_t h = 0; h < hq; h++) {
+                double *qd = q + ((b * sq + i) * hq + h) * d;
+                const int64_t src = b * p->q.stride_batch + i * p->q.stride_seq + h * p->q.stride_head;
+                for (int64_t c = 0; c < d; c++) qd[c] = fa_load(p->q.data, p->dtype, src + c);
+                if (kv->rotary_cos) {
+                    rotate_f64(kv, p->dtype, fa_kv_q_position(p, kv, b, i), qd);
+                    for (int64_t c = 0; c < kv->rotary_dim; c++) qd[c] = fa_round_dtype(p->dtype, (float)qd[c]);
+                }
+            }
+    }
+    /* 3. attention over the packed rows; lse comes back as (heads_q, total_q) */
+    fa_params a    = *p;
+    a.cu_seqlens_q = cu_q;
+    a.cu_seqlens_k = cu_k;
+    a.total_q      = tq;
+    a.total_k      = tk;
+    a.seqlen_k     = (int32_t)max_k;
+    fwd_f64_rows(&a, q, k, v, o, lse, score);
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t i = 0; i < sq; i++)
+            for (int64_t h = 0; h < hq; h++) {
+                const int64_t dst = b * p->o.stride_batch + i * p->o.stride_seq + h * p->o.stride_head;
+                const double *od  = o + ((b * sq + i) * hq + h) * d;
+                for (int64_t c = 0; c < d; c++) fa_store(p->o.data, p->dtype, dst + c, (float)od[c]);
+                if (p->lse) p->lse[(b * hq + h) * sq + i] = (float)lse[h * tq + b * sq + i];
+            }
+done:
+    free(cu_q), free(cu_k), free(q), free(o), free(lse), free(k), free(v), free(row), free(score);
     return st;
 }
