@@ -8,7 +8,8 @@
 #   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
 #        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
-#        CFLAGS/LDFLAGS (appended).
+#        CFLAGS/LDFLAGS (appended), FA_TUNING=1 (the FA3 developer knobs FLASHATTN_FA3_* and the kernel instances
+#        only they reach, for measuring; use its own BUILD=dir, the objects do not record the flag).
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
@@ -61,6 +62,9 @@ FA_CUDA_ARCHS ?= 80 90a
 NVCC_GENCODE   = $(foreach a,$(FA_CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
 NVCC_FLAGS    ?= -O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall -Iinclude -Isrc -lineinfo \
                  --threads 0 -Xptxas --warn-on-spills -DFA_WITH_CUDA
+ifeq ($(FA_TUNING),1)
+NVCC_FLAGS    += -DFA_TUNING
+endif
 CUDA_SRC       = $(wildcard src/cuda/*.cu)
 CUDA_OBJ       = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 ALL_CFLAGS    += -DFA_WITH_CUDA -I$(CUDA_HOME)/include
@@ -85,7 +89,7 @@ ifeq ($(MAKELEVEL),0)
 ifeq ($(NVCC),)
 $(info flashattn $(VERSION): CUDA off ($(if $(filter 0,$(FA_CUDA)),FA_CUDA=0,nvcc not found)), OpenMP $(if $(filter 1,$(OMP)),on,off))
 else
-$(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)), OpenMP $(if $(filter 1,$(OMP)),on,off))
+$(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(filter 1,$(FA_TUNING)), + FA_TUNING)), OpenMP $(if $(filter 1,$(OMP)),on,off))
 endif
 endif
 
@@ -166,10 +170,14 @@ test-c: $(TEST_BIN)
 	[ $$fail -eq 0 ]
 
 # The command line: its exit codes and option parsing (tests/cli_exit_codes.sh), and what the C tests do not reach
-# of bench's outputs, sweeps, plots and --version (tests/cli_bench.sh).
-test-cli: $(BUILD)/flashattn
+# of bench's outputs, sweeps, plots and --version (tests/cli_bench.sh). Then: a library built without FA_TUNING
+# holds none of the FA3 developer knobs' names, so it cannot read them.
+test-cli: $(BUILD)/flashattn $(BUILD)/libflashattn.so
 	@echo "== tests/cli_exit_codes.sh"; sh tests/cli_exit_codes.sh $(BUILD)/flashattn && \
-	echo "== tests/cli_bench.sh" && sh tests/cli_bench.sh $(BUILD)/flashattn
+	echo "== tests/cli_bench.sh" && sh tests/cli_bench.sh $(BUILD)/flashattn && \
+	echo "== no FLASHATTN_FA3_* knob in $(BUILD)/libflashattn.so" && \
+	if [ "$(FA_TUNING)" != 1 ] && grep -q FLASHATTN_FA3_ $(BUILD)/libflashattn.so; then \
+	  echo "FAILED: $(BUILD)/libflashattn.so names a FLASHATTN_FA3_* variable without FA_TUNING"; exit 1; fi
 
 # Installs into a temporary prefix, then builds the README's example, tests/test_example.c and
 # examples/attention.c against it with pkg-config, once with the shared library (found at run time through the

@@ -84,11 +84,20 @@ extern "C" int fa_cuda_is_device_pointer(const void *ptr) {
     return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
+/* A tuning build (FA_TUNING: the FA3 developer knobs, fa3_fwd.cu) says so, since its timings may not be the
+ * defaults'. */
+#ifdef FA_TUNING
+#define FA_TUNING_INFO " tuning=1"
+#else
+#define FA_TUNING_INFO ""
+#endif
+
 extern "C" const char *fa_cuda_build_info(void) {
 #ifdef FA_CUDA_ARCHS /* the build's gencode list, e.g. "80 90a" */
-    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_CUDA_ARCHS;
+    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_CUDA_ARCHS FA_TUNING_INFO;
 #else /* the virtual architectures this file was compiled for, e.g. 800,900 */
-    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_STR(__CUDA_ARCH_LIST__);
+    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_STR(__CUDA_ARCH_LIST__)
+        FA_TUNING_INFO;
 #endif
 }
 
