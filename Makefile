@@ -8,8 +8,10 @@
 #   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
 #        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
-#        CFLAGS/LDFLAGS (appended), FA_TUNING=1 (the FA3 developer knobs FLASHATTN_FA3_* and the kernel instances
-#        only they reach, for measuring; use its own BUILD=dir, the objects do not record the flag).
+#        CFLAGS/LDFLAGS (appended), FA_HDIMS="64 128" (CUDA kernels for these head dims only, of 32 64 96 128 192
+#        256: a shorter build), FA_TUNING=1 (the FA3 developer knobs FLASHATTN_FA3_* and the kernel instances only
+#        they reach, for measuring). Give a build with FA_HDIMS or FA_TUNING its own BUILD=dir: objects do not
+#        record the flags they were built with.
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
@@ -61,13 +63,20 @@ CUDA_HOME     ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 FA_CUDA_ARCHS ?= 80 90a
 NVCC_GENCODE   = $(foreach a,$(FA_CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
 NVCC_FLAGS    ?= -O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall -Iinclude -Isrc -lineinfo \
-                 --threads 0 -Xptxas --warn-on-spills -DFA_WITH_CUDA
-ifeq ($(FA_TUNING),1)
-NVCC_FLAGS    += -DFA_TUNING
-endif
+                 --threads 0 -Xptxas --warn-on-spills
 CUDA_SRC       = $(wildcard src/cuda/*.cu)
+# The head dims' instance files are src/cuda/*_hdim<d>.cu; src/cuda/hdims.h turns the -D flags into its list.
+FA_ALL_HDIMS   = 32 64 96 128 192 256
+ifneq ($(strip $(FA_HDIMS)),)
+ifneq ($(filter-out $(FA_ALL_HDIMS),$(FA_HDIMS)),)
+$(error FA_HDIMS="$(FA_HDIMS)": $(filter-out $(FA_ALL_HDIMS),$(FA_HDIMS)) is not one of $(FA_ALL_HDIMS))
+endif
+HDIM_DEFS      = -DFA_HDIMS_SUBSET $(foreach d,$(FA_HDIMS),-DFA_HDIM_$(d))
+CUDA_SRC      := $(filter-out $(foreach d,$(filter-out $(FA_HDIMS),$(FA_ALL_HDIMS)),src/cuda/%_hdim$(d).cu),$(CUDA_SRC))
+endif
+NVCC_DEFS      = -DFA_WITH_CUDA $(HDIM_DEFS) $(if $(filter 1,$(FA_TUNING)),-DFA_TUNING)
 CUDA_OBJ       = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
-ALL_CFLAGS    += -DFA_WITH_CUDA -I$(CUDA_HOME)/include
+ALL_CFLAGS    += -DFA_WITH_CUDA $(HDIM_DEFS) -I$(CUDA_HOME)/include
 # The CUDA runtime is linked statically (it opens the driver, libcuda.so.1, with dlopen itself) and the naive
 # backend opens cuBLAS with dlopen on first use, so libflashattn.so needs neither at load time and its CPU
 # backends run on machines without CUDA. The rpath lets that dlopen find the toolkit's cuBLAS.
@@ -89,7 +98,7 @@ ifeq ($(MAKELEVEL),0)
 ifeq ($(NVCC),)
 $(info flashattn $(VERSION): CUDA off ($(if $(filter 0,$(FA_CUDA)),FA_CUDA=0,nvcc not found)), OpenMP $(if $(filter 1,$(OMP)),on,off))
 else
-$(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(filter 1,$(FA_TUNING)), + FA_TUNING)), OpenMP $(if $(filter 1,$(OMP)),on,off))
+$(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(FA_HDIMS), head dims $(FA_HDIMS))$(if $(filter 1,$(FA_TUNING)), + FA_TUNING)), OpenMP $(if $(filter 1,$(OMP)),on,off))
 endif
 endif
 
@@ -115,7 +124,7 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@date +%s.%N > $@.time
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_GENCODE) -DFA_CUDA_ARCHS='"$(FA_CUDA_ARCHS)"' -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_DEFS) $(NVCC_GENCODE) -DFA_CUDA_ARCHS='"$(FA_CUDA_ARCHS)"' -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 	@date +%s.%N >> $@.time
 	@awk 'NR==1{s=$$1} NR==2{printf "nvcc %s: %.1f s\n", "$<", $$1-s}' $@.time
 

@@ -8,6 +8,9 @@
 #include <string.h>
 
 #include "internal.h"
+#ifdef FA_WITH_CUDA
+#include "cuda/hdims.h"
+#endif
 
 /* ---------------------------------------------------------------------------------------------------------
  * Errors
@@ -118,9 +121,17 @@ static const char *simd_name(void) {
 #endif
 }
 
+#ifdef FA_WITH_CUDA
+/* The CUDA kernels' head dims (src/cuda/hdims.h) as ",32,64,...": reported without the first comma, read by the
+ * Python binding's padding rule. */
+#define HDIM_ITEM(D) "," #D
+static const char cuda_hdims[] = FA_HDIMS(HDIM_ITEM);
+#undef HDIM_ITEM
+#endif
+
 const char *fa_build_info(void) {
     static _Thread_local char info[512];
-    snprintf(info, sizeof info, "flashattn %d.%d.%d backends=cpu,reference%s openmp=%s simd=%s%s%s",
+    snprintf(info, sizeof info, "flashattn %d.%d.%d backends=cpu,reference%s openmp=%s simd=%s%s%s%s%s",
              FA_VERSION_MAJOR, FA_VERSION_MINOR, FA_VERSION_PATCH,
 #ifdef FA_WITH_CUDA
              ",cuda,naive",
@@ -134,9 +145,9 @@ const char *fa_build_info(void) {
 #endif
              simd_name(),
 #ifdef FA_WITH_CUDA
-             " ", fa_cuda_build_info()
+             " ", fa_cuda_build_info(), " hdims=", cuda_hdims + 1
 #else
-             "", ""
+             "", "", "", ""
 #endif
     );
     return info;

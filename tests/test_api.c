@@ -414,6 +414,19 @@ static void introspection(void) {
                  "build info: auto, cpu and reference are always built, backend 42 is not");
         th_check(fa_backend_built(FA_BACKEND_CUDA) == fa_backend_built(FA_BACKEND_NAIVE),
                  "build info: cuda and naive are built together (%d)", fa_backend_built(FA_BACKEND_CUDA));
+        /* The CUDA kernels' head dims, ascending, where the Python binding reads them: "hdims=32,64,..." */
+        const char *h = b ? strstr(b, " hdims=") : NULL;
+        int ascending = h != NULL, prev = 0, n = 0;
+        for (const char *c = h ? h + 7 : ""; ascending && *c >= '0' && *c <= '9'; n++) {
+            char *end;
+            const long d = strtol(c, &end, 10);
+            ascending = d > prev && d % 8 == 0 && (*end == ',' || *end == ' ' || *end == '\0');
+            prev = (int)d;
+            c = *end == ',' ? end + 1 : end;
+        }
+        th_check(fa_backend_built(FA_BACKEND_CUDA) ? ascending && n > 0 : h == NULL,
+                 "build info: hdims= lists the CUDA head dims, ascending (CUDA %s): \"%s\"",
+                 fa_backend_built(FA_BACKEND_CUDA) ? "built" : "not built", b ? b : "(null)");
     }
     if (th_selected("params init")) {
         fa_params p;

@@ -65,8 +65,13 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: this library was built without sm_90a code");
     if (p->dtype != FA_F16 && p->dtype != FA_BF16)
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: dtype must be f16 or bf16");
-    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
-        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: head_dim %d (supported: 64, 128, 256)", p->head_dim);
+    switch (p->head_dim) {
+#define FA3_CASE(D) case D:
+        FA3_HDIMS(FA3_CASE)
+#undef FA3_CASE
+        break;
+    default: return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: head_dim %d (compiled:" FA3_HDIMS_STR ")", p->head_dim);
+    }
     if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: ALiBi is not supported");
     if (!(p->softcap > 0.0f) && !(p->softmax_scale > 0.0f))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: softmax_scale must be positive without softcap");
@@ -291,10 +296,19 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     if ((st = make_map(&pr.tm_o, p, &p->o, p->heads_q, 64)) != FA_OK) return st;
 
     const int bf16 = p->dtype == FA_BF16;
+    /* The launchers' signatures differ (head dim 64 also picks its tile height), so each compiled one is named. */
     switch (p->head_dim) {
+#if FA_HAS_HDIM_64
     case 64: return fa3_run_hdim64(&pr, bf16, block_m, block_n, schedule, stream);
+#endif
+#if FA_HAS_HDIM_128
     case 128: return fa3_run_hdim128(&pr, bf16, block_n, schedule, stream);
+#endif
+#if FA_HAS_HDIM_256
     case 256: return fa3_run_hdim256(&pr, bf16, block_n, schedule, stream);
+#endif
     default: return fa_fail(FA_ERR_INTERNAL, "fa3 forward: no launcher for head_dim %d", p->head_dim);
     }
 }
+
+const fa_kernel_family fa3_fwd_family = {"fa3 forward", fa3_fwd_supported, fa3_fwd_workspace_size, fa3_fwd_run};
