@@ -87,12 +87,17 @@ endif
 
 LIB_SRC  = $(wildcard src/*.c src/reference/*.c src/cpu/*.c)
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CUDA_OBJ)
+# check/: building problems and checking a backend's answers against the fp64 reference under the tolerance
+# rule, a static library that the CLI, the tests and the fuzzer link.
+CHECK_SRC = $(wildcard check/*.c)
+CHECK_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(CHECK_SRC))
+CHECK_LIB = $(BUILD)/libflashattn_check.a
 CLI_SRC  = $(wildcard cli/*.c)
 CLI_OBJ  = $(patsubst %.c,$(BUILD)/%.o,$(CLI_SRC))
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
-# Test binaries share tests/*.c (not test_*) and the CLI's verification module.
-TEST_COMMON = $(patsubst %.c,$(BUILD)/%.o,$(filter-out tests/test_%.c,$(wildcard tests/*.c)) $(wildcard cli/verify.c))
+# Test binaries share tests/*.c (not test_*).
+TEST_COMMON = $(patsubst %.c,$(BUILD)/%.o,$(filter-out tests/test_%.c,$(wildcard tests/*.c)))
 
 ifeq ($(MAKELEVEL),0)
 ifeq ($(NVCC),)
@@ -106,7 +111,7 @@ endif
         format-check readme-example FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
-.SECONDARY: $(TEST_BIN:=.o) $(TEST_COMMON)
+.SECONDARY: $(TEST_BIN:=.o) $(TEST_COMMON) $(CHECK_OBJ)
 
 all: lib $(BUILD)/flashattn
 ifeq ($(NVCC)$(MAKELEVEL),0)
@@ -143,11 +148,15 @@ $(BUILD)/libflashattn.so: $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
 	@ln -sf libflashattn.so $(BUILD)/$(SONAME)
 
-$(BUILD)/flashattn: $(CLI_OBJ) $(BUILD)/libflashattn.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libflashattn.a $(LDLIBS)
+$(CHECK_LIB): $(CHECK_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON) $(BUILD)/libflashattn.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $< $(TEST_COMMON) $(BUILD)/libflashattn.a $(LDLIBS)
+$(BUILD)/flashattn: $(CLI_OBJ) $(CHECK_LIB) $(BUILD)/libflashattn.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJ) $(CHECK_LIB) $(BUILD)/libflashattn.a $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON) $(CHECK_LIB) $(BUILD)/libflashattn.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $< $(TEST_COMMON) $(CHECK_LIB) $(BUILD)/libflashattn.a $(LDLIBS)
 
 # The allocation-failure test replaces the library's malloc with its own (see tests/test_alloc.c).
 $(BUILD)/tests/test_alloc: ALL_LDFLAGS += -Wl,--wrap=malloc
@@ -256,8 +265,8 @@ FUZZ_SEED ?= 1
 FUZZ_BIN   = $(BUILD)/fuzz/fuzz_attention
 FUZZ_FLAGS = -std=c11 -O1 -g -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
              -fno-omit-frame-pointer -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc $(if $(filter 1,$(NATIVE)),-march=native)
-$(FUZZ_BIN): fuzz/fuzz_attention.c $(wildcard src/*.c src/reference/*.c src/cpu/*.c) cli/verify.c \
-             $(wildcard include/*.h src/*.h src/*/*.h cli/verify.h)
+$(FUZZ_BIN): fuzz/fuzz_attention.c $(wildcard src/*.c src/reference/*.c src/cpu/*.c) $(CHECK_SRC) \
+             $(wildcard include/*.h src/*.h src/*/*.h check/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lm
 fuzz:
@@ -321,7 +330,7 @@ uninstall:
 # ---------------------------------------------------------------------------------------------------------
 # Housekeeping
 
-FORMAT_FILES = $(wildcard include/*.h src/*.c src/*.h src/*/*.c src/*/*.h src/*/*.cu src/*/*.cuh cli/*.c cli/*.h \
+FORMAT_FILES = $(wildcard include/*.h src/*.c src/*.h src/*/*.c src/*/*.h src/*/*.cu src/*/*.cuh check/*.c check/*.h cli/*.c cli/*.h \
                           tests/*.c tests/*.h)
 format:
 	clang-format -i $(FORMAT_FILES)
@@ -338,4 +347,4 @@ readme-example: tests/test_example.c
 clean:
 	rm -rf $(BUILD)
 
--include $(patsubst %.o,%.d,$(LIB_OBJ) $(CLI_OBJ) $(TEST_COMMON) $(TEST_BIN:=.o))
+-include $(patsubst %.o,%.d,$(LIB_OBJ) $(CHECK_OBJ) $(CLI_OBJ) $(TEST_COMMON) $(TEST_BIN:=.o))

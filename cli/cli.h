@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "flashattn.h"
-#include "verify.h"
+#include "../check/verify.h"
 
 /* Exit codes */
 enum {

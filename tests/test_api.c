@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cli/verify.h"
+#include "../check/verify.h"
 #include "harness.h"
 
 /* ---- invalid arguments ---- */
