@@ -92,7 +92,8 @@ LIB_OBJ  = $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CUDA_OBJ)
 CHECK_SRC = $(wildcard check/*.c)
 CHECK_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(CHECK_SRC))
 CHECK_LIB = $(BUILD)/libflashattn_check.a
-CLI_SRC  = $(wildcard cli/*.c)
+# The CLI, with the benchmark's readers and writers from bench/ (the peers' JSON, the SVG charts).
+CLI_SRC  = $(wildcard cli/*.c bench/*.c)
 CLI_OBJ  = $(patsubst %.c,$(BUILD)/%.o,$(CLI_SRC))
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
@@ -331,6 +332,7 @@ uninstall:
 # Housekeeping
 
 FORMAT_FILES = $(wildcard include/*.h src/*.c src/*.h src/*/*.c src/*/*.h src/*/*.cu src/*/*.cuh check/*.c check/*.h cli/*.c cli/*.h \
+                          bench/*.c bench/*.h \
                           tests/*.c tests/*.h)
 format:
 	clang-format -i $(FORMAT_FILES)

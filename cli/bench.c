@@ -2,7 +2,7 @@
  * bench.c - `flashattn bench`: timing one problem on one or more backends, or a sweep: the FlashAttention-2
  * paper's (16k tokens, hidden 2048, seqlen 512..16k, head_dim 64/128/256, causal and not, forward and
  * backward) or a CPU-sized one, with CSV and JSON output written row by row (so that an interrupted run keeps
- * what it measured) and the paper's bar charts (plot.h), optionally with peers' bars.
+ * what it measured) and the paper's bar charts (bench/plot.h), optionally with peers' bars (bench/peers.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -11,7 +11,8 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "plot.h"
+#include "../bench/peers.h"
+#include "../bench/plot.h"
 
 typedef struct bench_row {
     fa_backend backend;
