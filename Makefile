@@ -1,7 +1,8 @@
 # flashattn - hand-written Makefile.
 #   make               library (static + shared) and the flashattn CLI, in build/
 #   make run           the main job: flashattn run on the best backend
-#   make test          every test: C tests (GPU tests too when a GPU is present), CLI, install and Python tests
+#   make test          every test: generated sources, C tests (GPU tests too when a GPU is present), CLI, install and
+#                      Python tests
 #   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
 #   make fuzz          the libFuzzer harness of fuzz/ for FUZZ_TIME seconds (clang), CPU and reference
 #   make install PREFIX=/usr/local [DESTDIR=...]
@@ -108,7 +109,7 @@ $(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(FA_HDIM
 endif
 endif
 
-.PHONY: all lib run test test-c test-cli test-install fuzz test-python sanitize install uninstall ci clean format \
+.PHONY: all lib run test test-generated test-c test-cli test-install fuzz test-python sanitize install uninstall ci clean format \
         format-check readme-example FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
@@ -168,14 +169,22 @@ run: all
 # ---------------------------------------------------------------------------------------------------------
 # Tests. Each suite prints a closing "<suite>: N passed, N failed" line; the target fails if any test failed.
 
-# All four suites run even when one fails; the target fails at the end if any did.
+# All five suites run even when one fails; the target fails at the end if any did.
 test: all $(TEST_BIN)
 	@failed=""; \
+	$(MAKE) --no-print-directory test-generated || failed="$$failed test-generated"; \
 	$(MAKE) --no-print-directory test-c || failed="$$failed test-c"; \
 	$(MAKE) --no-print-directory test-cli || failed="$$failed test-cli"; \
 	$(MAKE) --no-print-directory test-install || failed="$$failed test-install"; \
 	$(MAKE) --no-print-directory test-python || failed="$$failed test-python"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi
+
+# Generated sources match their generator: src/cuda/fa3_wgmma.cuh is dev/hopper/gen_wgmma.py's output.
+test-generated:
+	@echo "== $(PYTHON) dev/hopper/gen_wgmma.py | cmp - src/cuda/fa3_wgmma.cuh"; \
+	if $(PYTHON) dev/hopper/gen_wgmma.py | cmp -s - src/cuda/fa3_wgmma.cuh; then echo "generated: 1 passed, 0 failed"; \
+	else echo "FAILED: src/cuda/fa3_wgmma.cuh differs from dev/hopper/gen_wgmma.py's output (regenerate it)"; \
+	  echo "generated: 0 passed, 1 failed"; exit 1; fi
 
 # Runs every test binary (all of them, also after a failure) and names the failures at the end.
 test-c: $(TEST_BIN)
