@@ -1,12 +1,13 @@
 # flashattn - hand-written Makefile.
 #   make               library (static + shared) and the flashattn CLI, in build/
 #   make run           the main job: flashattn run on the best backend
+#   make dev           the developer drivers of dev/ (built, not run)
 #   make test          every test: generated sources, C tests (GPU tests too when a GPU is present), CLI, install and
 #                      Python tests
 #   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
 #   make fuzz          the libFuzzer harness of fuzz/ for FUZZ_TIME seconds (clang), CPU and reference
 #   make install PREFIX=/usr/local [DESTDIR=...]
-#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build
+#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build, dev
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
 #        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
 #        CFLAGS/LDFLAGS (appended), FA_HDIMS="64 128" (CUDA kernels for these head dims only, of 32 64 96 128 192
@@ -109,7 +110,7 @@ $(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(FA_HDIM
 endif
 endif
 
-.PHONY: all lib run test test-generated test-c test-cli test-install fuzz test-python sanitize install uninstall ci clean format \
+.PHONY: all lib run dev test test-generated test-c test-cli test-install fuzz test-python sanitize install uninstall ci clean format \
         format-check readme-example FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
@@ -165,6 +166,19 @@ $(BUILD)/tests/test_alloc: ALL_LDFLAGS += -Wl,--wrap=malloc
 
 run: all
 	$(BUILD)/flashattn run
+
+# dev/: the developer drivers, built (not run) so that they keep compiling against the library: the CPU timing
+# driver, and with CUDA the FA2 backward bring-up driver and dev/hopper's FA3 drivers (its own build.sh: the FA3
+# sources with FA_TUNING, sm_90a only).
+DEV_BIN = $(BUILD)/dev/cpu_bench $(if $(NVCC),$(BUILD)/dev/bwd_check)
+dev: $(DEV_BIN)
+ifneq ($(NVCC),)
+	NVCC=$(NVCC) dev/hopper/build.sh $(BUILD)/dev-hopper
+endif
+
+$(BUILD)/dev/%: dev/%.c $(BUILD)/libflashattn.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(BUILD)/libflashattn.a $(LDLIBS)
 
 # ---------------------------------------------------------------------------------------------------------
 # Tests. Each suite prints a closing "<suite>: N passed, N failed" line; the target fails if any test failed.
@@ -303,8 +317,9 @@ ci:
 	$(MAKE) --no-print-directory sanitize || failed="$$failed sanitize"; \
 	$(MAKE) --no-print-directory fuzz || failed="$$failed fuzz"; \
 	$(MAKE) --no-print-directory BUILD=$(SERIAL_BUILD) OMP=0 FA_CUDA=0 NVCC= all || failed="$$failed serial-build"; \
+	$(MAKE) --no-print-directory dev || failed="$$failed dev"; \
 	if [ -n "$$failed" ]; then echo "make ci: FAILED:$$failed"; exit 1; fi; \
-	echo "make ci: test, sanitize, fuzz and the serial build passed"
+	echo "make ci: test, sanitize, fuzz, the serial build and dev passed"
 
 # ---------------------------------------------------------------------------------------------------------
 # Install
