@@ -10,10 +10,10 @@
 #   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build, dev
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
 #        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
-#        CFLAGS/LDFLAGS (appended), FA_HDIMS="64 128" (CUDA kernels for these head dims only, of 32 64 96 128 192
-#        256: a shorter build), FA_TUNING=1 (the FA3 developer knobs FLASHATTN_FA3_* and the kernel instances only
-#        they reach, for measuring). Give a build with FA_HDIMS or FA_TUNING its own BUILD=dir: objects do not
-#        record the flags they were built with.
+#        CFLAGS/LDFLAGS (appended), FA_NAIVE=0 (no naive cuBLAS backend), FA_HDIMS="64 128" (CUDA kernels for
+#        these head dims only, of 32 64 96 128 192 256: a shorter build), FA_TUNING=1 (the FA3 developer knobs
+#        FLASHATTN_FA3_* and the kernel instances only they reach, for measuring). Give a build with FA_NAIVE,
+#        FA_HDIMS or FA_TUNING its own BUILD=dir: objects do not record the flags they were built with.
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
@@ -73,12 +73,17 @@ ifneq ($(strip $(FA_HDIMS)),)
 ifneq ($(filter-out $(FA_ALL_HDIMS),$(FA_HDIMS)),)
 $(error FA_HDIMS="$(FA_HDIMS)": $(filter-out $(FA_ALL_HDIMS),$(FA_HDIMS)) is not one of $(FA_ALL_HDIMS))
 endif
-HDIM_DEFS      = -DFA_HDIMS_SUBSET $(foreach d,$(FA_HDIMS),-DFA_HDIM_$(d))
+CUDA_DEFS      = -DFA_HDIMS_SUBSET $(foreach d,$(FA_HDIMS),-DFA_HDIM_$(d))
 CUDA_SRC      := $(filter-out $(foreach d,$(filter-out $(FA_HDIMS),$(FA_ALL_HDIMS)),src/cuda/%_hdim$(d).cu),$(CUDA_SRC))
 endif
-NVCC_DEFS      = -DFA_WITH_CUDA $(HDIM_DEFS) $(if $(filter 1,$(FA_TUNING)),-DFA_TUNING)
+# FA_NAIVE=0: without the naive (cuBLAS) backend.
+ifeq ($(FA_NAIVE),0)
+CUDA_SRC      := $(filter-out src/cuda/naive.cu,$(CUDA_SRC))
+CUDA_DEFS     += -DFA_NO_NAIVE
+endif
+NVCC_DEFS      = -DFA_WITH_CUDA $(CUDA_DEFS) $(if $(filter 1,$(FA_TUNING)),-DFA_TUNING)
 CUDA_OBJ       = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
-ALL_CFLAGS    += -DFA_WITH_CUDA $(HDIM_DEFS) -I$(CUDA_HOME)/include
+ALL_CFLAGS    += -DFA_WITH_CUDA $(CUDA_DEFS) -I$(CUDA_HOME)/include
 # The CUDA runtime is linked statically (it opens the driver, libcuda.so.1, with dlopen itself) and the naive
 # backend opens cuBLAS with dlopen on first use, so libflashattn.so needs neither at load time and its CPU
 # backends run on machines without CUDA. The rpath lets that dlopen find the toolkit's cuBLAS.

@@ -400,8 +400,10 @@ extern "C" fa_status fa_cuda_bwd(const fa_params *p, const fa_exec *x) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Naive backend (naive.cu)
+ * Naive backend (naive.cu; left out by make FA_NAIVE=0)
  * ------------------------------------------------------------------------------------------------------- */
+
+#ifdef FA_WITH_NAIVE
 
 static const fa_kernel_family *naive_family(int backward) {
     return backward ? &naive_bwd_family : &naive_fwd_family;
@@ -436,3 +438,4 @@ extern "C" fa_status fa_naive_fwd(const fa_params *p, const fa_exec *x) {
 extern "C" fa_status fa_naive_bwd(const fa_params *p, const fa_exec *x) {
     return naive_run(p, x, 1);
 }
+#endif
