@@ -76,8 +76,9 @@ fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev) {
         return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 CUDA backward takes f16 or bf16 (dtype is f32)");
     const int tile = bwd_tile(p->head_dim, dev);
     if (tile == -1)
-        return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 CUDA backward has no kernel for head_dim %d (compiled:" FA_HDIMS_STR
-                       ")", (int)p->head_dim);
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the FA2 CUDA backward has no kernel for head_dim %d (compiled:" FA_HDIMS_STR ")",
+                       (int)p->head_dim);
     if (dev->cc_major < 8)
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "the FA2 CUDA backward needs compute capability 8.0 or newer (device has %d.%d)", dev->cc_major,
@@ -112,7 +113,8 @@ size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
         fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
     const int tile = bwd_tile(p->head_dim, dev);
     const int nsplit = tile >= 0 ? bwd_nsplit(p, dev, tile) : 1;
-    const size_t dq = (size_t)nsplit * (size_t)fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim * sizeof(float);
+    const size_t dq =
+        (size_t)nsplit * (size_t)fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim * sizeof(float);
     return bwd_align(dq) + 2 * bwd_align((size_t)lse_n * sizeof(float));
 }
 
@@ -176,4 +178,4 @@ fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *works
     }
 }
 
-const fa_kernel_family fa2_bwd_family = {"fa2 backward", fa2_bwd_supported, fa2_bwd_workspace_size, fa2_bwd_run};
+const fa_kernel_family fa2_bwd_family = { "fa2 backward", fa2_bwd_supported, fa2_bwd_workspace_size, fa2_bwd_run };

@@ -9,8 +9,7 @@
  */
 #include "cuda/fa3_fwd.cuh"
 
-fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block_n, int schedule,
-                         cudaStream_t stream) {
+fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block_n, int schedule, cudaStream_t stream) {
 #ifndef FA_TUNING
     (void)schedule;
 #endif

@@ -59,7 +59,7 @@
 
 /* The lists as string literals for messages: " 32 64 96 128 192 256" (a leading space). */
 #define FA_HDIM_WORD_(D) " " #D
-#define FA_HDIMS_STR FA_HDIMS(FA_HDIM_WORD_)
-#define FA3_HDIMS_STR FA3_HDIMS(FA_HDIM_WORD_)
+#define FA_HDIMS_STR     FA_HDIMS(FA_HDIM_WORD_)
+#define FA3_HDIMS_STR    FA3_HDIMS(FA_HDIM_WORD_)
 
 #endif /* FLASHATTN_CUDA_HDIMS_H */

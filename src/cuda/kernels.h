@@ -46,23 +46,23 @@ extern const fa_kernel_family naive_bwd_family; /* naive.cu */
 
 /* FlashAttention-2 forward (mma.sync, sm_80+): fa2_fwd.cu and its instantiations. */
 fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device *dev);
-size_t    fa2_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+size_t fa2_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
 /* FlashAttention-2 backward (mma.sync, sm_80+): preprocess D = rowsum(dO * O), main kernel over key blocks
  * with dQ accumulated in fp32, convert dQ (and dK/dV for GQA). fa2_bwd.cu and its instantiations. */
 fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev);
-size_t    fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
 /* FlashAttention-3 forward (TMA, wgmma, warp specialization; sm_90a only): fa3_fwd.cu. */
 fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device *dev);
-size_t    fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+size_t fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
 /* Standard attention (S and P in device memory, cuBLAS): naive.cu. */
 fa_status naive_supported(const fa_params *p, const fa_cuda_device *dev, int backward);
-size_t    naive_workspace_size(const fa_params *p, const fa_cuda_device *dev, int backward);
+size_t naive_workspace_size(const fa_params *p, const fa_cuda_device *dev, int backward);
 fa_status naive_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 fa_status naive_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
