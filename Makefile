@@ -1,17 +1,22 @@
 # flashattn - hand-written Makefile.
 #   make               library (static + shared) and the flashattn CLI, in build/
 #   make run           the main job: flashattn run on the best backend
-#   make test          every test: C tests (GPU tests too when a GPU is present), CLI, install and Python tests
+#   make dev           the developer drivers of dev/ (built, not run)
+#   make test          every test: generated sources, C tests (GPU tests too when a GPU is present), CLI, install and
+#                      Python tests
 #   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
 #   make fuzz          the libFuzzer harness of fuzz/ for FUZZ_TIME seconds (clang), CPU and reference
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make wheel         dist/flashattn-*.whl, the Python package with a portable library (manylinux via auditwheel)
 #   make test-wheel    that wheel installed in a fresh venv, tested from outside the source tree
-#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build,
-#                      test-wheel
+#   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build, dev,
+#                      format-check, test-wheel
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
 #        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
-#        CFLAGS/LDFLAGS (appended).
+#        CFLAGS/LDFLAGS (appended), FA_NAIVE=0 (no naive cuBLAS backend), FA_HDIMS="64 128" (CUDA kernels for
+#        these head dims only, of 32 64 96 128 192 256: a shorter build), FA_TUNING=1 (the FA3 developer knobs
+#        FLASHATTN_FA3_* and the kernel instances only they reach, for measuring). Give a build with FA_NAIVE,
+#        FA_HDIMS or FA_TUNING its own BUILD=dir: objects do not record the flags they were built with.
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
@@ -63,10 +68,25 @@ CUDA_HOME     ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 FA_CUDA_ARCHS ?= 80 90a
 NVCC_GENCODE   = $(foreach a,$(FA_CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
 NVCC_FLAGS    ?= -O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall -Iinclude -Isrc -lineinfo \
-                 --threads 0 -Xptxas --warn-on-spills -DFA_WITH_CUDA
+                 --threads 0 -Xptxas --warn-on-spills
 CUDA_SRC       = $(wildcard src/cuda/*.cu)
+# The head dims' instance files are src/cuda/*_hdim<d>.cu; src/cuda/hdims.h turns the -D flags into its list.
+FA_ALL_HDIMS   = 32 64 96 128 192 256
+ifneq ($(strip $(FA_HDIMS)),)
+ifneq ($(filter-out $(FA_ALL_HDIMS),$(FA_HDIMS)),)
+$(error FA_HDIMS="$(FA_HDIMS)": $(filter-out $(FA_ALL_HDIMS),$(FA_HDIMS)) is not one of $(FA_ALL_HDIMS))
+endif
+CUDA_DEFS      = -DFA_HDIMS_SUBSET $(foreach d,$(FA_HDIMS),-DFA_HDIM_$(d))
+CUDA_SRC      := $(filter-out $(foreach d,$(filter-out $(FA_HDIMS),$(FA_ALL_HDIMS)),src/cuda/%_hdim$(d).cu),$(CUDA_SRC))
+endif
+# FA_NAIVE=0: without the naive (cuBLAS) backend.
+ifeq ($(FA_NAIVE),0)
+CUDA_SRC      := $(filter-out src/cuda/naive.cu,$(CUDA_SRC))
+CUDA_DEFS     += -DFA_NO_NAIVE
+endif
+NVCC_DEFS      = -DFA_WITH_CUDA $(CUDA_DEFS) $(if $(filter 1,$(FA_TUNING)),-DFA_TUNING)
 CUDA_OBJ       = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
-ALL_CFLAGS    += -DFA_WITH_CUDA -I$(CUDA_HOME)/include
+ALL_CFLAGS    += -DFA_WITH_CUDA $(CUDA_DEFS) -I$(CUDA_HOME)/include
 # The CUDA runtime is linked statically (it opens the driver, libcuda.so.1, with dlopen itself) and the naive
 # backend opens cuBLAS with dlopen on first use, so libflashattn.so needs neither at load time and its CPU
 # backends run on machines without CUDA. The rpath lets that dlopen find the toolkit's cuBLAS.
@@ -77,26 +97,32 @@ endif
 
 LIB_SRC  = $(wildcard src/*.c src/reference/*.c src/cpu/*.c)
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CUDA_OBJ)
-CLI_SRC  = $(wildcard cli/*.c)
+# check/: building problems and checking a backend's answers against the fp64 reference under the tolerance
+# rule, a static library that the CLI, the tests and the fuzzer link.
+CHECK_SRC = $(wildcard check/*.c)
+CHECK_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(CHECK_SRC))
+CHECK_LIB = $(BUILD)/libflashattn_check.a
+# The CLI, with the benchmark's readers and writers from bench/ (the peers' JSON, the SVG charts).
+CLI_SRC  = $(wildcard cli/*.c bench/*.c)
 CLI_OBJ  = $(patsubst %.c,$(BUILD)/%.o,$(CLI_SRC))
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
-# Test binaries share tests/*.c (not test_*) and the CLI's verification module.
-TEST_COMMON = $(patsubst %.c,$(BUILD)/%.o,$(filter-out tests/test_%.c,$(wildcard tests/*.c)) $(wildcard cli/verify.c))
+# Test binaries share tests/*.c (not test_*).
+TEST_COMMON = $(patsubst %.c,$(BUILD)/%.o,$(filter-out tests/test_%.c,$(wildcard tests/*.c)))
 
 ifeq ($(MAKELEVEL),0)
 ifeq ($(NVCC),)
 $(info flashattn $(VERSION): CUDA off ($(if $(filter 0,$(FA_CUDA)),FA_CUDA=0,nvcc not found)), OpenMP $(if $(filter 1,$(OMP)),on,off))
 else
-$(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)), OpenMP $(if $(filter 1,$(OMP)),on,off))
+$(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(FA_HDIMS), head dims $(FA_HDIMS))$(if $(filter 1,$(FA_TUNING)), + FA_TUNING)), OpenMP $(if $(filter 1,$(OMP)),on,off))
 endif
 endif
 
-.PHONY: all lib run test test-c test-cli test-install fuzz test-python sanitize install uninstall ci clean format \
-        format-check readme-example wheel test-wheel FORCE
+.PHONY: all lib run dev test test-generated test-c test-cli test-install fuzz test-python sanitize install uninstall ci \
+        clean format format-check readme-example wheel test-wheel FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
-.SECONDARY: $(TEST_BIN:=.o) $(TEST_COMMON)
+.SECONDARY: $(TEST_BIN:=.o) $(TEST_COMMON) $(CHECK_OBJ)
 
 all: lib $(BUILD)/flashattn
 ifeq ($(NVCC)$(MAKELEVEL),0)
@@ -114,7 +140,7 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@date +%s.%N > $@.time
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_GENCODE) -DFA_CUDA_ARCHS='"$(FA_CUDA_ARCHS)"' -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_DEFS) $(NVCC_GENCODE) -DFA_CUDA_ARCHS='"$(FA_CUDA_ARCHS)"' -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 	@date +%s.%N >> $@.time
 	@awk 'NR==1{s=$$1} NR==2{printf "nvcc %s: %.1f s\n", "$<", $$1-s}' $@.time
 
@@ -133,11 +159,15 @@ $(BUILD)/libflashattn.so: $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
 	@ln -sf libflashattn.so $(BUILD)/$(SONAME)
 
-$(BUILD)/flashattn: $(CLI_OBJ) $(BUILD)/libflashattn.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libflashattn.a $(LDLIBS)
+$(CHECK_LIB): $(CHECK_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON) $(BUILD)/libflashattn.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $< $(TEST_COMMON) $(BUILD)/libflashattn.a $(LDLIBS)
+$(BUILD)/flashattn: $(CLI_OBJ) $(CHECK_LIB) $(BUILD)/libflashattn.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJ) $(CHECK_LIB) $(BUILD)/libflashattn.a $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(TEST_COMMON) $(CHECK_LIB) $(BUILD)/libflashattn.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $< $(TEST_COMMON) $(CHECK_LIB) $(BUILD)/libflashattn.a $(LDLIBS)
 
 # The allocation-failure test replaces the library's malloc with its own (see tests/test_alloc.c).
 $(BUILD)/tests/test_alloc: ALL_LDFLAGS += -Wl,--wrap=malloc
@@ -145,17 +175,38 @@ $(BUILD)/tests/test_alloc: ALL_LDFLAGS += -Wl,--wrap=malloc
 run: all
 	$(BUILD)/flashattn run
 
+# dev/: the developer drivers, built (not run) so that they keep compiling against the library: the CPU timing
+# driver, and with CUDA the FA2 backward bring-up driver and dev/hopper's FA3 drivers (its own build.sh: the FA3
+# sources with FA_TUNING, sm_90a only).
+DEV_BIN = $(BUILD)/dev/cpu_bench $(if $(NVCC),$(BUILD)/dev/bwd_check)
+dev: $(DEV_BIN)
+ifneq ($(NVCC),)
+	NVCC=$(NVCC) dev/hopper/build.sh $(BUILD)/dev-hopper
+endif
+
+$(BUILD)/dev/%: dev/%.c $(BUILD)/libflashattn.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(BUILD)/libflashattn.a $(LDLIBS)
+
 # ---------------------------------------------------------------------------------------------------------
 # Tests. Each suite prints a closing "<suite>: N passed, N failed" line; the target fails if any test failed.
 
-# All four suites run even when one fails; the target fails at the end if any did.
+# All five suites run even when one fails; the target fails at the end if any did.
 test: all $(TEST_BIN)
 	@failed=""; \
+	$(MAKE) --no-print-directory test-generated || failed="$$failed test-generated"; \
 	$(MAKE) --no-print-directory test-c || failed="$$failed test-c"; \
 	$(MAKE) --no-print-directory test-cli || failed="$$failed test-cli"; \
 	$(MAKE) --no-print-directory test-install || failed="$$failed test-install"; \
 	$(MAKE) --no-print-directory test-python || failed="$$failed test-python"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi
+
+# Generated sources match their generator: src/cuda/fa3_wgmma.cuh is dev/hopper/gen_wgmma.py's output.
+test-generated:
+	@echo "== $(PYTHON) dev/hopper/gen_wgmma.py | cmp - src/cuda/fa3_wgmma.cuh"; \
+	if $(PYTHON) dev/hopper/gen_wgmma.py | cmp -s - src/cuda/fa3_wgmma.cuh; then echo "generated: 1 passed, 0 failed"; \
+	else echo "FAILED: src/cuda/fa3_wgmma.cuh differs from dev/hopper/gen_wgmma.py's output (regenerate it)"; \
+	  echo "generated: 0 passed, 1 failed"; exit 1; fi
 
 # Runs every test binary (all of them, also after a failure) and names the failures at the end.
 test-c: $(TEST_BIN)
@@ -169,10 +220,14 @@ test-c: $(TEST_BIN)
 	[ $$fail -eq 0 ]
 
 # The command line: its exit codes and option parsing (tests/cli_exit_codes.sh), and what the C tests do not reach
-# of bench's outputs, sweeps, plots and --version (tests/cli_bench.sh).
-test-cli: $(BUILD)/flashattn
+# of bench's outputs, sweeps, plots and --version (tests/cli_bench.sh). Then: a library built without FA_TUNING
+# holds none of the FA3 developer knobs' names, so it cannot read them.
+test-cli: $(BUILD)/flashattn $(BUILD)/libflashattn.so
 	@echo "== tests/cli_exit_codes.sh"; sh tests/cli_exit_codes.sh $(BUILD)/flashattn && \
-	echo "== tests/cli_bench.sh" && sh tests/cli_bench.sh $(BUILD)/flashattn
+	echo "== tests/cli_bench.sh" && sh tests/cli_bench.sh $(BUILD)/flashattn && \
+	echo "== no FLASHATTN_FA3_* knob in $(BUILD)/libflashattn.so" && \
+	if [ "$(FA_TUNING)" != 1 ] && grep -q FLASHATTN_FA3_ $(BUILD)/libflashattn.so; then \
+	  echo "FAILED: $(BUILD)/libflashattn.so names a FLASHATTN_FA3_* variable without FA_TUNING"; exit 1; fi
 
 # Installs into a temporary prefix, then builds the README's example, tests/test_example.c and
 # examples/attention.c against it with pkg-config, once with the shared library (found at run time through the
@@ -242,8 +297,8 @@ FUZZ_SEED ?= 1
 FUZZ_BIN   = $(BUILD)/fuzz/fuzz_attention
 FUZZ_FLAGS = -std=c11 -O1 -g -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
              -fno-omit-frame-pointer -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc $(if $(filter 1,$(NATIVE)),-march=native)
-$(FUZZ_BIN): fuzz/fuzz_attention.c $(wildcard src/*.c src/reference/*.c src/cpu/*.c) cli/verify.c \
-             $(wildcard include/*.h src/*.h src/*/*.h cli/verify.h)
+$(FUZZ_BIN): fuzz/fuzz_attention.c $(wildcard src/*.c src/reference/*.c src/cpu/*.c) $(CHECK_SRC) \
+             $(wildcard include/*.h src/*.h src/*/*.h check/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(filter %.c,$^) -lm
 fuzz:
@@ -271,9 +326,11 @@ ci:
 	$(MAKE) --no-print-directory sanitize || failed="$$failed sanitize"; \
 	$(MAKE) --no-print-directory fuzz || failed="$$failed fuzz"; \
 	$(MAKE) --no-print-directory BUILD=$(SERIAL_BUILD) OMP=0 FA_CUDA=0 NVCC= all || failed="$$failed serial-build"; \
+	$(MAKE) --no-print-directory dev || failed="$$failed dev"; \
+	$(MAKE) --no-print-directory format-check || failed="$$failed format-check"; \
 	$(MAKE) --no-print-directory FA_CUDA=0 NVCC= test-wheel || failed="$$failed test-wheel"; \
 	if [ -n "$$failed" ]; then echo "make ci: FAILED:$$failed"; exit 1; fi; \
-	echo "make ci: test, sanitize, fuzz, the serial build and the wheel passed"
+	echo "make ci: test, sanitize, fuzz, the serial build, dev, format-check and the wheel passed"
 
 # ---------------------------------------------------------------------------------------------------------
 # Python wheel: $(DIST)/flashattn-<version>-py3-none-<platform>.whl, the package with libflashattn.so inside.
@@ -354,12 +411,22 @@ uninstall:
 # ---------------------------------------------------------------------------------------------------------
 # Housekeeping
 
-FORMAT_FILES = $(wildcard include/*.h src/*.c src/*.h src/*/*.c src/*/*.h src/*/*.cu src/*/*.cuh cli/*.c cli/*.h \
+FORMAT_FILES = $(wildcard include/*.h src/*.c src/*.h src/*/*.c src/*/*.h src/*/*.cu src/*/*.cuh check/*.c check/*.h cli/*.c cli/*.h \
+                          bench/*.c bench/*.h \
                           tests/*.c tests/*.h)
+# Files not yet in .clang-format's layout (hand-aligned declarations and tables, generated PTX operand lists):
+# format-check skips them until a change of their own formats them (make format, then review).
+FORMAT_PENDING = include/flashattn.h src/flashattn.c src/internal.h src/reference/reference.c src/cuda/backend.cu \
+                 src/cuda/common.cuh src/cuda/fa2_fwd.cu src/cuda/fa2_fwd.cuh src/cuda/fa2_bwd.cuh src/cuda/fa3_fwd.cu \
+                 src/cuda/fa3_fwd.cuh src/cuda/fa3_wgmma.cuh src/cuda/naive.cu src/cuda/tensor_map.cu
 format:
 	clang-format -i $(FORMAT_FILES)
+# Checks every C/CUDA file but those pending; skipped with a message where clang-format is missing.
 format-check:
-	clang-format --dry-run -Werror $(FORMAT_FILES)
+	@if ! command -v clang-format > /dev/null; then echo "format-check: skipped (clang-format not found)"; exit 0; fi; \
+	clang-format --dry-run -Werror $(filter-out $(FORMAT_PENDING),$(FORMAT_FILES)) && \
+	echo "format-check: $(words $(filter-out $(FORMAT_PENDING),$(FORMAT_FILES))) files clean, \
+	$(words $(FORMAT_PENDING)) pending (FORMAT_PENDING)"
 
 # Copies tests/test_example.c into README.md's example block (the install test builds and runs both).
 readme-example: tests/test_example.c
@@ -371,4 +438,4 @@ readme-example: tests/test_example.c
 clean:
 	rm -rf $(BUILD)
 
--include $(patsubst %.o,%.d,$(LIB_OBJ) $(CLI_OBJ) $(TEST_COMMON) $(TEST_BIN:=.o))
+-include $(patsubst %.o,%.d,$(LIB_OBJ) $(CHECK_OBJ) $(CLI_OBJ) $(TEST_COMMON) $(TEST_BIN:=.o))

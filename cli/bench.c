@@ -1,8 +1,9 @@
 /*
- * bench.c - `flashattn bench`: timing one problem on one or more backends, or a sweep: the FlashAttention-2
- * paper's (16k tokens, hidden 2048, seqlen 512..16k, head_dim 64/128/256, causal and not, forward and
- * backward) or a CPU-sized one, with CSV and JSON output written row by row (so that an interrupted run keeps
- * what it measured) and the paper's bar charts (plot.h), optionally with peers' bars.
+ * bench.c - `flashattn bench`: timing one problem on one or more backends, or a sweep (bench/sweep.h): the
+ * FlashAttention-2 paper's (16k tokens, hidden 2048, seqlen 512..16k, head_dim 64/128/256, causal and not,
+ * forward and backward) or a CPU-sized one, with CSV and JSON output written row by row (so that an
+ * interrupted run keeps what it measured) and the paper's bar charts (bench/plot.h), optionally with peers'
+ * bars (bench/peers.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -11,7 +12,9 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "plot.h"
+#include "../bench/peers.h"
+#include "../bench/plot.h"
+#include "../bench/sweep.h"
 
 typedef struct bench_row {
     fa_backend backend;
@@ -278,40 +281,12 @@ static int bench_single(cli_options *o, int gpu, int warmup, int repeats) {
  * Sweeps
  * ------------------------------------------------------------------------------------------------------- */
 
-/* A sweep: every (head_dim, causal, seqlen) with batch = tokens / seqlen and heads = hidden / head_dim, as in
- * the FlashAttention-2 paper's benchmark (section 4.1), so that every row does the same number of token rows. */
-typedef struct sweep_spec {
-    const char *name;
-    int tokens, hidden;
-    int seqlens[6], nseq;
-    int dims[3], ndims;
-    fa_dtype dtype; /* unless --dtype */
-    const char *about;
-} sweep_spec;
-
-static const sweep_spec sweep_specs[] = {
-    { "paper",
-      16384,
-      2048,
-      { 512, 1024, 2048, 4096, 8192, 16384 },
-      6,
-      { 64, 128, 256 },
-      3,
-      FA_BF16,
-      "the FlashAttention-2 paper's benchmark" },
-    /* Sized for a CPU: 2.0e12 FLOPs with the default 1 + 5 runs per pass, about a minute on 2 cores at
-     * 40 GFLOP/s (8 s on two AVX-512 cores at 300-450 GFLOP/s); the rows' work grows with the seqlen. */
-    { "cpu", 4096, 512, { 256, 512, 1024, 2048 }, 4, { 64, 128 }, 2, FA_F32, "a CPU-sized sweep" },
-};
-
 const char *cli_sweep_names(void) {
-    return "paper, cpu";
+    return sweep_names();
 }
 
 int cli_sweep_known(const char *name) {
-    for (size_t i = 0; i < sizeof sweep_specs / sizeof sweep_specs[0]; i++)
-        if (!strcmp(name, sweep_specs[i].name)) return 1;
-    return 0;
+    return sweep_find(name) != NULL;
 }
 
 typedef struct sweep {
@@ -330,18 +305,16 @@ static cli_options sweep_options(const cli_options *o, const sweep *s, int di, i
     cli_options c = *o;
     const int d = s->dims[di], seqlen = s->seqlens[si];
     c.head_dim = d;
-    c.heads = c.heads_kv = s->spec->hidden / d > 0 ? s->spec->hidden / d : 1;
+    sweep_shape(s->spec, d, seqlen, &c.batch, &c.heads);
+    c.heads_kv = c.heads;
     c.seqlen_q = c.seqlen_k = seqlen;
-    c.batch = s->spec->tokens / seqlen > 0 ? s->spec->tokens / seqlen : 1;
     c.causal = s->causals[ci];
     return c;
 }
 
 /* FLOPs of one timed run of a row, forward plus (when timed) backward, by the paper's formula. */
 static double row_flops(const cli_options *c, int backward) {
-    const double fwd =
-        4.0 * c->batch * c->seqlen_q * (double)c->seqlen_k * c->head_dim * c->heads / (c->causal ? 2 : 1);
-    return fwd * (backward ? 3.5 : 1.0);
+    return sweep_flops(c->batch, c->heads, c->seqlen_q, c->seqlen_k, c->head_dim, c->causal, backward);
 }
 
 /* FLOP/s of backend b on a small problem (a fraction of a second on a CPU), forward in rate[0] and backward in
@@ -514,8 +487,7 @@ static void sweep_warn(const cli_options *o, const sweep *s, int warmup, int rep
 static int bench_sweep(cli_options *o, int warmup, int repeats) {
     sweep s;
     memset(&s, 0, sizeof s);
-    for (size_t i = 0; i < sizeof sweep_specs / sizeof sweep_specs[0]; i++)
-        if (!strcmp(o->sweep, sweep_specs[i].name)) s.spec = &sweep_specs[i];
+    s.spec = sweep_find(o->sweep);
     if (!s.spec) {
         fprintf(stderr, "flashattn: --sweep: unknown sweep '%s' (%s)\n", o->sweep, cli_sweep_names());
         return EXIT_USAGE;

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "flashattn.h"
-#include "verify.h"
+#include "../check/verify.h"
 
 /* Exit codes */
 enum {
@@ -88,17 +88,5 @@ int cli_check_decode(cli_options *o, fa_backend b);
 /* The sweeps bench --sweep knows ("paper, cpu"), and whether name is one of them. */
 const char *cli_sweep_names(void);
 int cli_sweep_known(const char *name);
-
-/* Peer results written by bench/peer_bench.py --json. */
-typedef struct peer_record {
-    char impl[48];
-    char pass[8]; /* "fwd" or "bwd" */
-    int head_dim, causal, seqlen, batch, heads;
-    double tflops;
-} peer_record;
-
-/* Reads the JSON list of records; returns the count (and *out, to free), or with a message in err -1 when
- * the text is not such a list and -2 when the file cannot be read (an I/O failure, exit code 4). */
-int peers_read(const char *path, peer_record **out, char *err, int err_size);
 
 #endif /* FLASHATTN_CLI_CLI_H */

@@ -549,7 +549,7 @@ static int cmd_info(void) {
         printf("device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB\n", d, info.name, info.cc_major,
                info.cc_minor, info.sm_count, (double)info.memory_bytes / (1u << 30));
     }
-#ifdef FA_WITH_CUDA
+#ifdef FA_WITH_NAIVE
     /* cuBLAS is opened at run time by the naive backend only; say whether it can be */
     if (fa_naive_cublas_load() == FA_OK)
         printf("cublas:   loaded (used by the naive backend)\n");

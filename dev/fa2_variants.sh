@@ -97,7 +97,7 @@ if has test; then
 fi
 
 # sweep BINARY CSV [NAME=VALUE ...] [ARGS ...]: the paper sweep on the GPU; leading NAME=VALUE words go to the
-# environment (e.g. FLASHATTN_FA3_BLOCK_N=96), the rest to flashattn bench (default kernel: fa2).
+# environment (e.g. FLASHATTN_SMEM_LIMIT=163000), the rest to flashattn bench (default kernel: fa2).
 sweep() {
     local bin=$1 csv=$2 envs=()
     shift 2

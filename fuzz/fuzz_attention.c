@@ -4,10 +4,10 @@
  * input is one deterministic, single-threaded run.
  *
  * An input is read as a small problem (sizes, dtype, masks, softcap, ALiBi, varlen, memory layout, seed),
- * built by cli/verify.c with NaN in every element outside it, then:
+ * built by check/verify.c with NaN in every element outside it, then:
  *
  *   1. the CPU forward (and, when the input asks, backward): every output element written and nothing
- *      outside the outputs, and O and LSE within the tolerance rule of cli/verify.c against the fp64
+ *      outside the outputs, and O and LSE within the tolerance rule of check/verify.c against the fp64
  *      reference;
  *   2. one change to a copy of the params, also read from the input, then the call on the CPU or the
  *      reference backend. Changes the library must refuse (strides whose extent overflows, negative strides,
@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cli/verify.h"
+#include "../check/verify.h"
 
 typedef struct bytes {
     const uint8_t *p;

@@ -8,6 +8,9 @@
 #include <string.h>
 
 #include "internal.h"
+#ifdef FA_WITH_CUDA
+#include "cuda/hdims.h"
+#endif
 
 /* ---------------------------------------------------------------------------------------------------------
  * Errors
@@ -118,12 +121,22 @@ static const char *simd_name(void) {
 #endif
 }
 
+#ifdef FA_WITH_CUDA
+/* The CUDA kernels' head dims (src/cuda/hdims.h) as ",32,64,...": reported without the first comma, read by the
+ * Python binding's padding rule. */
+#define HDIM_ITEM(D) "," #D
+static const char cuda_hdims[] = FA_HDIMS(HDIM_ITEM);
+#undef HDIM_ITEM
+#endif
+
 const char *fa_build_info(void) {
     static _Thread_local char info[512];
-    snprintf(info, sizeof info, "flashattn %d.%d.%d backends=cpu,reference%s openmp=%s simd=%s%s%s",
+    snprintf(info, sizeof info, "flashattn %d.%d.%d backends=cpu,reference%s openmp=%s simd=%s%s%s%s%s",
              FA_VERSION_MAJOR, FA_VERSION_MINOR, FA_VERSION_PATCH,
-#ifdef FA_WITH_CUDA
+#if defined(FA_WITH_NAIVE)
              ",cuda,naive",
+#elif defined(FA_WITH_CUDA)
+             ",cuda",
 #else
              "",
 #endif
@@ -134,9 +147,9 @@ const char *fa_build_info(void) {
 #endif
              simd_name(),
 #ifdef FA_WITH_CUDA
-             " ", fa_cuda_build_info()
+             " ", fa_cuda_build_info(), " hdims=", cuda_hdims + 1
 #else
-             "", ""
+             "", "", "", ""
 #endif
     );
     return info;
@@ -148,8 +161,13 @@ int fa_backend_built(fa_backend backend) {
     case FA_BACKEND_CPU:
     case FA_BACKEND_REFERENCE: return 1;
     case FA_BACKEND_CUDA:
-    case FA_BACKEND_NAIVE:
 #ifdef FA_WITH_CUDA
+        return 1;
+#else
+        return 0;
+#endif
+    case FA_BACKEND_NAIVE:
+#ifdef FA_WITH_NAIVE
         return 1;
 #else
         return 0;
@@ -491,6 +509,10 @@ static fa_status resolve_exec(const fa_params *p, const fa_exec *exec, fa_exec *
     case FA_BACKEND_CUDA:
     case FA_BACKEND_NAIVE:
 #ifdef FA_WITH_CUDA
+#ifndef FA_WITH_NAIVE
+        if (x->backend == FA_BACKEND_NAIVE)
+            return fa_fail(FA_ERR_NOT_COMPILED, "the naive backend was not built into this library (FA_NAIVE=0)");
+#endif
         if (fa_cuda_device_count() <= 0) return fa_fail(FA_ERR_NO_DEVICE, "no CUDA device is present");
         return FA_OK;
 #else
@@ -509,6 +531,8 @@ static fa_status prepare(const fa_params *p, const fa_exec *exec, int backward, 
     if ((st = validate(p, x->backend, backward, r)) != FA_OK) return st;
 #ifdef FA_WITH_CUDA
     if (x->backend == FA_BACKEND_CUDA) return fa_cuda_check(r, x, backward);
+#endif
+#ifdef FA_WITH_NAIVE
     if (x->backend == FA_BACKEND_NAIVE) return fa_naive_check(r, x, backward);
 #endif
     return FA_OK;
@@ -526,6 +550,8 @@ static fa_status workspace_need(const fa_params *r, const fa_exec *x, int backwa
     case FA_BACKEND_CPU: *bytes = fa_cpu_workspace_size(r, x->num_threads, backward); return FA_OK;
 #ifdef FA_WITH_CUDA
     case FA_BACKEND_CUDA: return fa_cuda_workspace_size(r, x, backward, bytes);
+#endif
+#ifdef FA_WITH_NAIVE
     case FA_BACKEND_NAIVE: return fa_naive_workspace_size(r, x, backward, bytes);
 #endif
     default: *bytes = 0; return FA_OK; /* the reference allocates its own fp64 copies */
@@ -557,6 +583,8 @@ static fa_status run(const fa_params *p, const fa_exec *exec, int backward) {
     case FA_BACKEND_REFERENCE: return backward ? fa_reference_bwd(&r) : fa_reference_fwd(&r);
 #ifdef FA_WITH_CUDA
     case FA_BACKEND_CUDA: return backward ? fa_cuda_bwd(&r, &x) : fa_cuda_fwd(&r, &x);
+#endif
+#ifdef FA_WITH_NAIVE
     case FA_BACKEND_NAIVE: return backward ? fa_naive_bwd(&r, &x) : fa_naive_fwd(&r, &x);
 #endif
     default: return fa_fail(FA_ERR_INTERNAL, "unresolved backend %d", (int)x.backend);

@@ -188,6 +188,11 @@ size_t    fa_cpu_workspace_size(const fa_params *p, int num_threads, int backwar
 fa_status fa_cpu_fwd(const fa_params *p, const fa_exec *x);
 fa_status fa_cpu_bwd(const fa_params *p, const fa_exec *x);
 
+/* The naive backend comes with CUDA unless the build leaves it out (make FA_NAIVE=0 passes -DFA_NO_NAIVE). */
+#if defined(FA_WITH_CUDA) && !defined(FA_NO_NAIVE)
+#define FA_WITH_NAIVE 1
+#endif
+
 #ifdef FA_WITH_CUDA
 /* CUDA (FA2 / FA3 kernels) and the naive cuBLAS baseline; all in src/cuda. */
 int         fa_cuda_device_count(void);

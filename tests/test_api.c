@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cli/verify.h"
+#include "../check/verify.h"
 #include "harness.h"
 
 /* ---- invalid arguments ---- */
@@ -412,8 +412,22 @@ static void introspection(void) {
         th_check(fa_backend_built(FA_BACKEND_AUTO) && fa_backend_built(FA_BACKEND_CPU) &&
                      fa_backend_built(FA_BACKEND_REFERENCE) && !fa_backend_built((fa_backend)42),
                  "build info: auto, cpu and reference are always built, backend 42 is not");
-        th_check(fa_backend_built(FA_BACKEND_CUDA) == fa_backend_built(FA_BACKEND_NAIVE),
-                 "build info: cuda and naive are built together (%d)", fa_backend_built(FA_BACKEND_CUDA));
+        th_check(fa_backend_built(FA_BACKEND_CUDA) || !fa_backend_built(FA_BACKEND_NAIVE),
+                 "build info: naive is built only with cuda (cuda %d, naive %d)", fa_backend_built(FA_BACKEND_CUDA),
+                 fa_backend_built(FA_BACKEND_NAIVE));
+        /* The CUDA kernels' head dims, ascending, where the Python binding reads them: "hdims=32,64,..." */
+        const char *h = b ? strstr(b, " hdims=") : NULL;
+        int ascending = h != NULL, prev = 0, n = 0;
+        for (const char *c = h ? h + 7 : ""; ascending && *c >= '0' && *c <= '9'; n++) {
+            char *end;
+            const long d = strtol(c, &end, 10);
+            ascending = d > prev && d % 8 == 0 && (*end == ',' || *end == ' ' || *end == '\0');
+            prev = (int)d;
+            c = *end == ',' ? end + 1 : end;
+        }
+        th_check(fa_backend_built(FA_BACKEND_CUDA) ? ascending && n > 0 : h == NULL,
+                 "build info: hdims= lists the CUDA head dims, ascending (CUDA %s): \"%s\"",
+                 fa_backend_built(FA_BACKEND_CUDA) ? "built" : "not built", b ? b : "(null)");
     }
     if (th_selected("params init")) {
         fa_params p;

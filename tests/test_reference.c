@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cli/verify.h"
+#include "../check/verify.h"
 #include "harness.h"
 #include "internal.h"
 

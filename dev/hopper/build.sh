@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 B=${1:-build/dev-hopper}
 mkdir -p "$B"
 NVCC=${NVCC:-nvcc}
-FLAGS="-O3 -std=c++17 -Iinclude -Isrc -lineinfo -DFA_WITH_CUDA -gencode=arch=compute_90a,code=sm_90a -Xptxas --warn-on-spills"
+FLAGS="-O3 -std=c++17 -Iinclude -Isrc -lineinfo -DFA_WITH_CUDA -DFA_TUNING -gencode=arch=compute_90a,code=sm_90a -Xptxas --warn-on-spills"
 pids=()
 LIB="fa3_fwd fa3_fwd_hdim64 fa3_fwd_hdim128 fa3_fwd_hdim256 tensor_map"
 for f in $LIB; do

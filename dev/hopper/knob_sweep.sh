@@ -5,18 +5,18 @@
 #   KNOBS='m128|--head-dim 64|FLASHATTN_FA3_BLOCK_M=128
 #   m192|--head-dim 64|FLASHATTN_FA3_BLOCK_M=192' dev/hopper/knob_sweep.sh
 # Each line: name | sweep arguments | environment (space-separated NAME=VALUE; empty: the defaults) [| the
-# flashattn binary, default build/flashattn: another tree's build, for an A/B in the same call].
+# flashattn binary, default build/tuning/flashattn (FA_TUNING=1): another tree's build, for an A/B in the same call].
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
-make -j16 FA_CUDA_ARCHS=90a build/flashattn >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+make -j16 FA_TUNING=1 BUILD=build/tuning FA_CUDA_ARCHS=90a build/tuning/flashattn >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 : "${KNOBS:?KNOBS: one 'name|sweep arguments|NAME=VALUE ...' per line}"
 for rep in 1 2; do
     while IFS='|' read -r name args envs bin; do
         [ -n "$name" ] || continue
         # shellcheck disable=SC2086
-        env $envs "${bin:-build/flashattn}" bench --sweep paper --backend cuda --fwd-only $args 2>/dev/null |
+        env $envs "${bin:-build/tuning/flashattn}" bench --sweep paper --backend cuda --fwd-only $args 2>/dev/null |
             awk -v n="$name" 'NR > 2 && NF >= 6 {print n, $1, $2, $3, $6}'
     done <<<"$KNOBS"
 done >"$OUT/knobs.txt"

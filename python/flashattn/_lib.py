@@ -346,6 +346,16 @@ def build_info():
     return _text(lib.fa_build_info())
 
 
+def _cuda_head_dims():
+    """The head dims the library's CUDA kernels are compiled for, ascending, from build_info()'s "hdims=32,64,...";
+    () when the library has no CUDA backend."""
+    m = re.search(r"\bhdims=([0-9,]+)", build_info())
+    return tuple(int(d) for d in m.group(1).split(",") if d) if m else ()
+
+
+CUDA_HEAD_DIMS = _cuda_head_dims()
+
+
 def backend_built(name):
     """True if the backend ("cpu", "cuda", "reference", "naive", "auto") was compiled into the library."""
     if name not in BACKENDS:

@@ -587,8 +587,8 @@ def _eager_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 
 # ---- public functions (flash-attn 2.x signatures) ----
 
-# Head dims the CUDA kernels are compiled for.
-_CUDA_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+# Head dims the CUDA kernels are compiled for, as the library reports them.
+_CUDA_HEAD_DIMS = _lib.CUDA_HEAD_DIMS
 
 
 def _pad_target(q):

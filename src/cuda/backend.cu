@@ -84,11 +84,20 @@ extern "C" int fa_cuda_is_device_pointer(const void *ptr) {
     return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
+/* A tuning build (FA_TUNING: the FA3 developer knobs, fa3_fwd.cu) says so, since its timings may not be the
+ * defaults'. */
+#ifdef FA_TUNING
+#define FA_TUNING_INFO " tuning=1"
+#else
+#define FA_TUNING_INFO ""
+#endif
+
 extern "C" const char *fa_cuda_build_info(void) {
 #ifdef FA_CUDA_ARCHS /* the build's gencode list, e.g. "80 90a" */
-    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_CUDA_ARCHS;
+    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_CUDA_ARCHS FA_TUNING_INFO;
 #else /* the virtual architectures this file was compiled for, e.g. 800,900 */
-    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_STR(__CUDA_ARCH_LIST__);
+    return "cuda=" FA_STR(__CUDACC_VER_MAJOR__) "." FA_STR(__CUDACC_VER_MINOR__) " archs=" FA_STR(__CUDA_ARCH_LIST__)
+        FA_TUNING_INFO;
 #endif
 }
 
@@ -205,10 +214,13 @@ static fa_status check_cuda_rules(const fa_params *p, int backward) {
         return fa_fail(FA_ERR_UNSUPPORTED, "dtype f32 is not supported by the CUDA backend (use f16 or bf16, or the "
                                            "naive backend)");
     switch (p->head_dim) {
-    case 32: case 64: case 96: case 128: case 192: case 256: break;
+#define HDIM_CASE(D) case D:
+        FA_HDIMS(HDIM_CASE)
+#undef HDIM_CASE
+        break;
     default:
-        return fa_fail(FA_ERR_UNSUPPORTED,
-                       "head_dim (%d) is not supported by the CUDA backend (32, 64, 96, 128, 192 or 256)", p->head_dim);
+        return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) is not supported by the CUDA backend (compiled:" FA_HDIMS_STR
+                       ")", p->head_dim);
     }
     const int varlen = fa_is_varlen(p);
     struct {
@@ -250,10 +262,11 @@ static const char *kernel_env(void) {
 }
 
 /* FA3 when asked for (exec.kernel, or FLASHATTN_KERNEL=fa3 under AUTO), or under AUTO on compute capability 9.0
- * when it takes the problem; FA2 otherwise. *fa3 says which. */
-static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev, int *fa3) {
+ * when it takes the problem; FA2 otherwise. *f is the family chosen, also when it declines the problem. */
+static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev,
+                            const fa_kernel_family **f) {
     fa_kernel k = x->kernel;
-    *fa3        = 0;
+    *f          = &fa2_fwd_family;
     if (k == FA_KERNEL_AUTO) {
         const char *env = kernel_env();
         if (env) {
@@ -264,21 +277,31 @@ static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_
     }
     const int hopper = dev->cc_major == 9 && dev->cc_minor == 0;
     if (k == FA_KERNEL_FA3) {
+        *f = &fa3_fwd_family;
         if (!hopper)
             return fa_fail(FA_ERR_UNSUPPORTED, "the FA3 kernel needs compute capability 9.0 (device %d is %d.%d)",
                            dev->ordinal, dev->cc_major, dev->cc_minor);
-        fa_status st = fa3_fwd_supported(p, dev);
-        if (st == FA_OK) *fa3 = 1;
-        return st;
+        return fa3_fwd_family.supported(p, dev);
     }
     if (k == FA_KERNEL_AUTO && hopper) {
-        if (fa3_fwd_supported(p, dev) == FA_OK) {
-            *fa3 = 1;
+        if (fa3_fwd_family.supported(p, dev) == FA_OK) {
+            *f = &fa3_fwd_family;
             return FA_OK;
         }
         fa_clear_error(); /* FA3 declined: FA2 runs, and a successful call leaves no message */
     }
-    return fa2_fwd_supported(p, dev);
+    return fa2_fwd_family.supported(p, dev);
+}
+
+/* The backward always runs FA2 (FA3 is a forward kernel); exec.kernel does not change it. */
+static fa_status select_bwd(const fa_params *p, const fa_cuda_device *dev, const fa_kernel_family **f) {
+    *f = &fa2_bwd_family;
+    return fa2_bwd_family.supported(p, dev);
+}
+
+static fa_status select_family(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev, int backward,
+                               const fa_kernel_family **f) {
+    return backward ? select_bwd(p, dev, f) : select_fwd(p, x, dev, f);
 }
 
 /* A caller's workspace need not be aligned: the sizes the caller is told include this much slack, and the
@@ -320,103 +343,92 @@ static fa_status scratch_put(scratch *s, cudaStream_t stream, fa_status st) {
     return st != FA_OK ? st : st2;
 }
 
+/* Runs a family that takes the problem on dev: the workspace (the caller's or allocated on the stream), the
+ * launch, the workspace back, with dev the current device meanwhile. */
+static fa_status family_run(const fa_kernel_family *f, const fa_params *p, const fa_exec *x,
+                            const fa_cuda_device *dev) {
+    int       prev;
+    fa_status st = device_enter(dev, &prev);
+    if (st != FA_OK) return st;
+    cudaStream_t stream = (cudaStream_t)x->stream;
+    scratch      ws;
+    st = scratch_get(x, f->workspace_size(p, dev), stream, &ws);
+    if (st == FA_OK) {
+        st = f->run(p, dev, ws.ptr, stream);
+        st = scratch_put(&ws, stream, st);
+    }
+    device_leave(prev);
+    return st;
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * CUDA backend
  * ------------------------------------------------------------------------------------------------------- */
 
 extern "C" fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int backward) {
-    fa_cuda_device dev;
-    fa_status      st;
+    fa_cuda_device          dev;
+    const fa_kernel_family *f;
+    fa_status               st;
     if ((st = check_cuda_rules(p, backward)) || (st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev)))
         return st;
-    if (backward) return fa2_bwd_supported(p, &dev);
-    int fa3;
-    return select_fwd(p, x, &dev, &fa3);
+    return select_family(p, x, &dev, backward, &f);
 }
 
 extern "C" fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {
-    fa_cuda_device dev;
-    fa_status      st = device_get(x, &dev);
-    if (st != FA_OK) return st;
-    if (backward) {
-        if ((st = fa2_bwd_supported(p, &dev)) == FA_OK) *bytes = scratch_size(fa2_bwd_workspace_size(p, &dev));
-        return st;
-    }
-    int fa3;
-    if ((st = select_fwd(p, x, &dev, &fa3)) == FA_OK)
-        *bytes = scratch_size(fa3 ? fa3_fwd_workspace_size(p, &dev) : fa2_fwd_workspace_size(p, &dev));
+    fa_cuda_device          dev;
+    const fa_kernel_family *f;
+    fa_status               st = device_get(x, &dev);
+    if (st == FA_OK && (st = select_family(p, x, &dev, backward, &f)) == FA_OK)
+        *bytes = scratch_size(f->workspace_size(p, &dev));
     return st;
+}
+
+static fa_status cuda_run(const fa_params *p, const fa_exec *x, int backward) {
+    fa_cuda_device          dev;
+    const fa_kernel_family *f;
+    fa_status               st;
+    if ((st = device_get(x, &dev)) || (st = select_family(p, x, &dev, backward, &f))) return st;
+    return family_run(f, p, x, &dev);
 }
 
 extern "C" fa_status fa_cuda_fwd(const fa_params *p, const fa_exec *x) {
-    fa_cuda_device dev;
-    int            fa3, prev;
-    fa_status      st;
-    if ((st = device_get(x, &dev)) || (st = select_fwd(p, x, &dev, &fa3)) || (st = device_enter(&dev, &prev)))
-        return st;
-    cudaStream_t stream = (cudaStream_t)x->stream;
-    scratch      ws;
-    st = scratch_get(x, fa3 ? fa3_fwd_workspace_size(p, &dev) : fa2_fwd_workspace_size(p, &dev), stream, &ws);
-    if (st == FA_OK) {
-        st = fa3 ? fa3_fwd_run(p, &dev, ws.ptr, stream) : fa2_fwd_run(p, &dev, ws.ptr, stream);
-        st = scratch_put(&ws, stream, st);
-    }
-    device_leave(prev);
-    return st;
+    return cuda_run(p, x, 0);
 }
 
-/* The backward always runs FA2 (FA3 is a forward kernel); exec.kernel does not change it. */
 extern "C" fa_status fa_cuda_bwd(const fa_params *p, const fa_exec *x) {
-    fa_cuda_device dev;
-    int            prev;
-    fa_status      st;
-    if ((st = device_get(x, &dev)) || (st = fa2_bwd_supported(p, &dev)) || (st = device_enter(&dev, &prev)))
-        return st;
-    cudaStream_t stream = (cudaStream_t)x->stream;
-    scratch      ws;
-    st = scratch_get(x, fa2_bwd_workspace_size(p, &dev), stream, &ws);
-    if (st == FA_OK) {
-        st = fa2_bwd_run(p, &dev, ws.ptr, stream);
-        st = scratch_put(&ws, stream, st);
-    }
-    device_leave(prev);
-    return st;
+    return cuda_run(p, x, 1);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Naive backend (naive.cu)
+ * Naive backend (naive.cu; left out by make FA_NAIVE=0)
  * ------------------------------------------------------------------------------------------------------- */
+
+#ifdef FA_WITH_NAIVE
+
+static const fa_kernel_family *naive_family(int backward) {
+    return backward ? &naive_bwd_family : &naive_fwd_family;
+}
 
 extern "C" fa_status fa_naive_check(const fa_params *p, const fa_exec *x, int backward) {
     fa_cuda_device dev;
     fa_status      st;
     if ((st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev))) return st;
-    return naive_supported(p, &dev, backward);
+    return naive_family(backward)->supported(p, &dev);
 }
 
 extern "C" fa_status fa_naive_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {
     fa_cuda_device dev;
     fa_status      st = device_get(x, &dev);
-    if (st == FA_OK && (st = naive_supported(p, &dev, backward)) == FA_OK)
-        *bytes = scratch_size(naive_workspace_size(p, &dev, backward));
+    if (st == FA_OK && (st = naive_family(backward)->supported(p, &dev)) == FA_OK)
+        *bytes = scratch_size(naive_family(backward)->workspace_size(p, &dev));
     return st;
 }
 
 static fa_status naive_run(const fa_params *p, const fa_exec *x, int backward) {
     fa_cuda_device dev;
-    int            prev;
     fa_status      st;
-    if ((st = device_get(x, &dev)) || (st = naive_supported(p, &dev, backward)) || (st = device_enter(&dev, &prev)))
-        return st;
-    cudaStream_t stream = (cudaStream_t)x->stream;
-    scratch      ws;
-    st = scratch_get(x, naive_workspace_size(p, &dev, backward), stream, &ws);
-    if (st == FA_OK) {
-        st = backward ? naive_bwd_run(p, &dev, ws.ptr, stream) : naive_fwd_run(p, &dev, ws.ptr, stream);
-        st = scratch_put(&ws, stream, st);
-    }
-    device_leave(prev);
-    return st;
+    if ((st = device_get(x, &dev)) || (st = naive_family(backward)->supported(p, &dev))) return st;
+    return family_run(naive_family(backward), p, x, &dev);
 }
 
 extern "C" fa_status fa_naive_fwd(const fa_params *p, const fa_exec *x) {
@@ -426,3 +438,4 @@ extern "C" fa_status fa_naive_fwd(const fa_params *p, const fa_exec *x) {
 extern "C" fa_status fa_naive_bwd(const fa_params *p, const fa_exec *x) {
     return naive_run(p, x, 1);
 }
+#endif

@@ -76,7 +76,8 @@ fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev) {
         return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 CUDA backward takes f16 or bf16 (dtype is f32)");
     const int tile = bwd_tile(p->head_dim, dev);
     if (tile == -1)
-        return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 CUDA backward takes head_dim 32, 64, 96, 128, 192 or 256 (got %d)",
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the FA2 CUDA backward has no kernel for head_dim %d (compiled:" FA_HDIMS_STR ")",
                        (int)p->head_dim);
     if (dev->cc_major < 8)
         return fa_fail(FA_ERR_UNSUPPORTED,
@@ -112,7 +113,8 @@ size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
         fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
     const int tile = bwd_tile(p->head_dim, dev);
     const int nsplit = tile >= 0 ? bwd_nsplit(p, dev, tile) : 1;
-    const size_t dq = (size_t)nsplit * (size_t)fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim * sizeof(float);
+    const size_t dq =
+        (size_t)nsplit * (size_t)fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim * sizeof(float);
     return bwd_align(dq) + 2 * bwd_align((size_t)lse_n * sizeof(float));
 }
 
@@ -168,12 +170,12 @@ fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *works
         if (st != FA_OK) return st;
     }
     switch (p->head_dim) {
-    case 32: return fa2_bwd_launch_hdim32(&a, p->dtype, tile, kb, stream);
-    case 64: return fa2_bwd_launch_hdim64(&a, p->dtype, tile, kb, stream);
-    case 96: return fa2_bwd_launch_hdim96(&a, p->dtype, tile, kb, stream);
-    case 128: return fa2_bwd_launch_hdim128(&a, p->dtype, tile, kb, stream);
-    case 192: return fa2_bwd_launch_hdim192(&a, p->dtype, tile, kb, stream);
-    case 256: return fa2_bwd_launch_hdim256(&a, p->dtype, tile, kb, stream);
+#define FA2_BWD_CASE(D) \
+    case D: return fa2_bwd_launch_hdim##D(&a, p->dtype, tile, kb, stream);
+        FA_HDIMS(FA2_BWD_CASE)
+#undef FA2_BWD_CASE
     default: return fa_fail(FA_ERR_INTERNAL, "fa2 backward: head_dim %d", (int)p->head_dim);
     }
 }
+
+const fa_kernel_family fa2_bwd_family = { "fa2 backward", fa2_bwd_supported, fa2_bwd_workspace_size, fa2_bwd_run };

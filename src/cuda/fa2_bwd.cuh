@@ -832,11 +832,8 @@ static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int tile, int key_blocks,
  * tile (an index into fa2_bwd_tiles). */
 #define FA2_BWD_DECLARE_LAUNCH(D) \
     fa_status fa2_bwd_launch_hdim##D(const fa2_bwd_args *a, fa_dtype dtype, int tile, int key_blocks, cudaStream_t st)
-FA2_BWD_DECLARE_LAUNCH(32);
-FA2_BWD_DECLARE_LAUNCH(64);
-FA2_BWD_DECLARE_LAUNCH(96);
-FA2_BWD_DECLARE_LAUNCH(128);
-FA2_BWD_DECLARE_LAUNCH(192);
-FA2_BWD_DECLARE_LAUNCH(256);
+#define FA2_BWD_DECLARE_ONE(D) FA2_BWD_DECLARE_LAUNCH(D);
+FA_HDIMS(FA2_BWD_DECLARE_ONE)
+#undef FA2_BWD_DECLARE_ONE
 
 #endif /* FLASHATTN_CUDA_FA2_BWD_CUH */

@@ -23,12 +23,10 @@ typedef cudaError_t (*fa2_fwd_launcher)(const fa2_fwd_args *a, fa_dtype dtype, i
 
 static fa2_fwd_launcher fwd_launcher(int head_dim) {
     switch (head_dim) {
-    case 32: return fa2_fwd_hdim32;
-    case 64: return fa2_fwd_hdim64;
-    case 96: return fa2_fwd_hdim96;
-    case 128: return fa2_fwd_hdim128;
-    case 192: return fa2_fwd_hdim192;
-    case 256: return fa2_fwd_hdim256;
+#define FA2_FWD_CASE(D) \
+    case D: return fa2_fwd_hdim##D;
+        FA_HDIMS(FA2_FWD_CASE)
+#undef FA2_FWD_CASE
     default: return NULL;
     }
 }
@@ -71,7 +69,7 @@ extern "C" fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device 
     const fa2_fwd_launcher launch = fwd_launcher(p->head_dim);
     const int              tile   = fwd_tile(p->head_dim, dev);
     if (!launch || tile == -1)
-        return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) has no FA2 forward kernel (32, 64, 96, 128, 192, 256)",
+        return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) has no FA2 forward kernel (compiled:" FA_HDIMS_STR ")",
                        p->head_dim);
     if (dev->cc_major < 8)
         return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 kernels need compute capability 8.0 or newer (device %d is %d.%d)",
@@ -152,3 +150,5 @@ extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     if (p->seqlen_q == 0) return FA_OK; /* a varlen batch of empty query sequences */
     return fa_cuda_status(launch(&a, p->dtype, tile, p->batch, stream), "FA2 forward launch");
 }
+
+const fa_kernel_family fa2_fwd_family = {"fa2 forward", fa2_fwd_supported, fa2_fwd_workspace_size, fa2_fwd_run};

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "cuda/hdims.h"
 #include "flashattn.h"
 
 /* Everything the kernel reads, resolved on the host by fa2_fwd.cu. Strides are in elements. */
@@ -143,12 +144,9 @@ static constexpr size_t fa2_fwd_smem_bytes(const fa2_fwd_tile &t) {
  * (cudaErrorNoKernelImageForDevice if not). */
 #define FA2_FWD_DECLARE_HDIM(D) \
     cudaError_t fa2_fwd_hdim##D(const fa2_fwd_args *a, fa_dtype dtype, int tile, int batch, cudaStream_t stream)
-FA2_FWD_DECLARE_HDIM(32);
-FA2_FWD_DECLARE_HDIM(64);
-FA2_FWD_DECLARE_HDIM(96);
-FA2_FWD_DECLARE_HDIM(128);
-FA2_FWD_DECLARE_HDIM(192);
-FA2_FWD_DECLARE_HDIM(256);
+#define FA2_FWD_DECLARE_ONE(D) FA2_FWD_DECLARE_HDIM(D);
+FA_HDIMS(FA2_FWD_DECLARE_ONE)
+#undef FA2_FWD_DECLARE_ONE
 
 #ifdef __CUDACC__
 

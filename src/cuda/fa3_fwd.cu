@@ -2,7 +2,8 @@
  * fa3_fwd.cu - FlashAttention-3 forward for Hopper (sm_90a): what it supports, the tile configuration per
  * problem, the tensor maps, and the dispatch to the per-head-dim launchers (the kernel is in fa3_fwd.cuh).
  *
- * Developer knobs (environment, for measuring the design steps): FLASHATTN_FA3_SCHEDULE = full | pingpong |
+ * Developer knobs, only in a build with FA_TUNING (make FA_TUNING=1), which also compiles the instances they
+ * reach; the shipped library reads none of them and runs the defaults. FLASHATTN_FA3_SCHEDULE = full | pingpong |
  * overlap | plain (Q from shared memory) | qreg (the default: full, Q K^T with Q from registers) picks the
  * consumer schedule of head dim 128 (bf16; overlap and full also apply to 128-row tiles of head dim 64);
  * FLASHATTN_FA3_BLOCK_M = 128 | 192 the query tile of head dim 64, FLASHATTN_FA3_BLOCK_N = 96 | 128 the key
@@ -12,7 +13,7 @@
  * FLASHATTN_FA3_SECTION_MB = N sizes the longest-first sections by N MB of K and V (default 32);
  * FLASHATTN_FA3_ALIGN = start starts every sequence's first 192-row tile at its row 0 also under a causal mask.
  * A build with -DFA3_TRACE=1 writes each launch's timeline to the file FLASHATTN_FA3_TRACE names
- * (dev/hopper/trace.py reads it).
+ * (dev/hopper/trace.py reads it). The measurements behind the defaults are in docs/worklog.md.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -64,8 +65,13 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: this library was built without sm_90a code");
     if (p->dtype != FA_F16 && p->dtype != FA_BF16)
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: dtype must be f16 or bf16");
-    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
-        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: head_dim %d (supported: 64, 128, 256)", p->head_dim);
+    switch (p->head_dim) {
+#define FA3_CASE(D) case D:
+        FA3_HDIMS(FA3_CASE)
+#undef FA3_CASE
+        break;
+    default: return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: head_dim %d (compiled:" FA3_HDIMS_STR ")", p->head_dim);
+    }
     if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: ALiBi is not supported");
     if (!(p->softcap > 0.0f) && !(p->softmax_scale > 0.0f))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: softmax_scale must be positive without softcap");
@@ -114,6 +120,7 @@ static unsigned long long next_launch_tag(void) {
     return mix64(__atomic_load_n(&salt, __ATOMIC_ACQUIRE) + __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED)) | 1;
 }
 
+#ifdef FA_TUNING
 static int env_is(const char *name, const char *value) {
     const char *s = getenv(name);
     return s != NULL && strcmp(s, value) == 0;
@@ -154,12 +161,18 @@ const fa3_knobs *fa3_knobs_get(void) {
     static const fa3_knobs knobs = knobs_read(); /* initialised once, thread-safely (C++ static) */
     return &knobs;
 }
+#else
+/* The library's own choices everywhere: the launchers carry only the instances these reach. */
+const fa3_knobs *fa3_knobs_get(void) {
+    static const fa3_knobs defaults = {FA3_SCHEDULE_DEFAULT, 0, 0, 0, 0, 0, 0, 0};
+    return &defaults;
+}
+#endif
 
-/* Key-block width: 128 for head dims 64 and 128 (176 measured slower: the wider S spills), 80 for 256 (two
- * stages of K and V plus Q fill shared memory). Head dim 64 with three consumer warpgroups (192-row tiles) at
- * 160 registers: 128 spills in the general (masked) step but not in the unmasked steps, and measured (H200,
- * 2026-11-24) as fast as 96 (which does not spill) at 512 and 4-8% faster from 1k under a causal mask, 12-17%
- * faster without one. FLASHATTN_FA3_BLOCK_N = 96 | 128 overrides it for those tiles. */
+/* Key-block width: 128 for head dims 64 and 128 (a wider S spills), 80 for 256 (two stages of K and V plus Q
+ * fill shared memory). Head dim 64 with three consumer warpgroups (192-row tiles) at 160 registers: 128 spills
+ * in the general (masked) step but not in the unmasked steps, and is as fast as 96 (which does not spill) or
+ * faster. FLASHATTN_FA3_BLOCK_N = 96 | 128 overrides it for those tiles (FA_TUNING). */
 static int choose_block_n(const fa_params *p, int block_m) {
     if (p->head_dim == 256) return 80;
     if (p->head_dim == 64 && block_m == 192 && fa3_knobs_get()->block_n) return fa3_knobs_get()->block_n;
@@ -169,11 +182,9 @@ static int choose_block_n(const fa_params *p, int block_m) {
 /* Tiles of unequal length (a causal or right-bounded window mask): the (batch, head) pairs per section of the
  * longest-first tile order (fa3_args.section), as many as keep their K and V within about 32 MB of L2
  * (FLASHATTN_FA3_SECTION_MB). Equal tiles, or FLASHATTN_FA3_ORDER = head: 0, head-major; also up to 1k queries,
- * where a head has few tiles (6 at head dim 64) and head-major, whose tiles of one head run side by side and
- * share its K and V in L2 at once, measured as fast or faster on the H200 (d=128 causal 512 +4%) and on the
- * H100, with less memory bandwidth, faster (causal 512 / 1k: d=64 +8 / +4.5%, d=128 +20 / +4.5%); from 2k on
- * longest first is as fast or faster (2k 0-6.5%, 4k 2.5-9%). FLASHATTN_FA3_ORDER = longest: longest first there
- * too. */
+ * where a head has few tiles and head-major, whose tiles of one head run side by side and share its K and V in
+ * L2 at once, is as fast or faster; from 2k on longest first is. FLASHATTN_FA3_ORDER = longest: longest first
+ * there too. */
 static int longest_first_section(const fa_params *p, int right_bounded) {
     const int order = fa3_knobs_get()->order;
     if (!right_bounded || order == 1) return 0;
@@ -255,8 +266,7 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     /* Head-major tiles that end at the last query (192-row tiles under a causal mask, up to 1k queries) and
      * whose first tile holds one warpgroup's rows (3k + 1 groups of 64): those first tiles, a single key block
      * under a causal mask, are claimed after all the others (fa3_claim_order), so that they fill the end of the
-     * grid. H200, head dim 64 causal 1k: +3.3%, more than skipping those tiles altogether gained (+2.3%, wrong
-     * output, for the bound): the grid's last wave no longer waits on the last heads' long tiles. */
+     * grid: its last wave no longer waits on the last heads' long tiles. */
     const int idle_first = (a->num_m_blocks * block_m - p->seqlen_q) / 64; /* warpgroups, as fa3_tile_get's shift */
     const int first_last = a->align_end && a->section == 0 && !fa_is_varlen(p) && a->num_m_blocks > 1 &&
                            idle_first == block_m / 64 - 1;
@@ -269,9 +279,8 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->div_section_tiles = fa3_divisor_make(a->section > 0 ? a->section * a->num_m_blocks : 1);
     if (a->num_tiles == 0) return FA_OK;
     pr.grid = a->num_tiles < dev->sm_count ? a->num_tiles : dev->sm_count;
-    /* The persistent grid everywhere: head dim 256 under a causal mask also ran one CTA per tile (the hardware
-     * schedules; O is staged in the Q tiles there, so a persistent CTA's next Q cannot land before its epilogue
-     * is done), but by the library's benchmark the persistent grid is 1-7% faster there too. */
+    /* The persistent grid everywhere, also for head dim 256 under a causal mask, where O is staged in the Q
+     * tiles (a persistent CTA's next Q cannot land before its epilogue is done): it is faster there too. */
     const int scheduler = fa3_knobs_get()->scheduler;
     if (scheduler == 2) {
         pr.grid = a->num_tiles; /* one CTA per tile, in tile order: the hardware schedules */
@@ -287,10 +296,19 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     if ((st = make_map(&pr.tm_o, p, &p->o, p->heads_q, 64)) != FA_OK) return st;
 
     const int bf16 = p->dtype == FA_BF16;
+    /* The launchers' signatures differ (head dim 64 also picks its tile height), so each compiled one is named. */
     switch (p->head_dim) {
+#if FA_HAS_HDIM_64
     case 64: return fa3_run_hdim64(&pr, bf16, block_m, block_n, schedule, stream);
+#endif
+#if FA_HAS_HDIM_128
     case 128: return fa3_run_hdim128(&pr, bf16, block_n, schedule, stream);
+#endif
+#if FA_HAS_HDIM_256
     case 256: return fa3_run_hdim256(&pr, bf16, block_n, schedule, stream);
+#endif
     default: return fa_fail(FA_ERR_INTERNAL, "fa3 forward: no launcher for head_dim %d", p->head_dim);
     }
 }
+
+const fa_kernel_family fa3_fwd_family = {"fa3 forward", fa3_fwd_supported, fa3_fwd_workspace_size, fa3_fwd_run};

@@ -1,13 +1,16 @@
 /*
  * kernels.h - the host-side contract between the CUDA backend's entry points (backend.cu) and the kernel
- * families. Each family says whether it can run a problem (setting fa_fail's message when not), how much
- * workspace it needs, and launches on a stream. Params arrive validated and resolved (see internal.h).
+ * families. Each family is one descriptor (fa_kernel_family): whether it can run a problem (setting fa_fail's
+ * message when not), how much workspace it needs, and the launch on a stream. Params arrive validated and
+ * resolved (see internal.h). A new family is one file defining its descriptor plus its row here (and, for a
+ * forward, its place in backend.cu's select_fwd).
  */
 #ifndef FLASHATTN_CUDA_KERNELS_H
 #define FLASHATTN_CUDA_KERNELS_H
 
 #include <cuda_runtime.h>
 
+#include "cuda/hdims.h"
 #include "internal.h"
 
 #ifdef __cplusplus
@@ -24,25 +27,42 @@ typedef struct fa_cuda_device {
     size_t smem_reserved;
 } fa_cuda_device;
 
+/* A kernel family. supported() answers FA_OK or a status with fa_fail's message; workspace_size() is the
+ * device scratch run() needs (the backend adds alignment slack); run() launches on the stream. */
+typedef struct fa_kernel_family {
+    const char *name;
+    fa_status (*supported)(const fa_params *p, const fa_cuda_device *dev);
+    size_t (*workspace_size)(const fa_params *p, const fa_cuda_device *dev);
+    fa_status (*run)(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+} fa_kernel_family;
+
+extern const fa_kernel_family fa2_fwd_family;   /* fa2_fwd.cu */
+extern const fa_kernel_family fa2_bwd_family;   /* fa2_bwd.cu */
+extern const fa_kernel_family fa3_fwd_family;   /* fa3_fwd.cu */
+extern const fa_kernel_family naive_fwd_family; /* naive.cu */
+extern const fa_kernel_family naive_bwd_family; /* naive.cu */
+
+/* The families' functions, also called directly by dev/ drivers. */
+
 /* FlashAttention-2 forward (mma.sync, sm_80+): fa2_fwd.cu and its instantiations. */
 fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device *dev);
-size_t    fa2_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+size_t fa2_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
 /* FlashAttention-2 backward (mma.sync, sm_80+): preprocess D = rowsum(dO * O), main kernel over key blocks
  * with dQ accumulated in fp32, convert dQ (and dK/dV for GQA). fa2_bwd.cu and its instantiations. */
 fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev);
-size_t    fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
 /* FlashAttention-3 forward (TMA, wgmma, warp specialization; sm_90a only): fa3_fwd.cu. */
 fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device *dev);
-size_t    fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+size_t fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
 /* Standard attention (S and P in device memory, cuBLAS): naive.cu. */
 fa_status naive_supported(const fa_params *p, const fa_cuda_device *dev, int backward);
-size_t    naive_workspace_size(const fa_params *p, const fa_cuda_device *dev, int backward);
+size_t naive_workspace_size(const fa_params *p, const fa_cuda_device *dev, int backward);
 fa_status naive_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 fa_status naive_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 

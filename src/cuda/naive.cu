@@ -548,3 +548,24 @@ extern "C" fa_status naive_bwd_run(const fa_params *p, const fa_cuda_device *dev
     default: return naive_bwd_typed<float>(p, dev, workspace, stream);
     }
 }
+
+static fa_status naive_fwd_supported(const fa_params *p, const fa_cuda_device *dev) {
+    return naive_supported(p, dev, 0);
+}
+
+static fa_status naive_bwd_supported(const fa_params *p, const fa_cuda_device *dev) {
+    return naive_supported(p, dev, 1);
+}
+
+static size_t naive_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
+    return naive_workspace_size(p, dev, 0);
+}
+
+static size_t naive_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
+    return naive_workspace_size(p, dev, 1);
+}
+
+const fa_kernel_family naive_fwd_family = {"naive forward", naive_fwd_supported, naive_fwd_workspace_size,
+                                           naive_fwd_run};
+const fa_kernel_family naive_bwd_family = {"naive backward", naive_bwd_supported, naive_bwd_workspace_size,
+                                           naive_bwd_run};

@@ -1,5 +1,6 @@
 /*
- * verify.c - problems, runs and checks shared by the flashattn CLI and the tests (see verify.h).
+ * verify.c - problems, runs and checks shared by the flashattn CLI, the tests and the fuzzer (see verify.h);
+ * built as $(BUILD)/libflashattn_check.a.
  *
  * Layout of this file: random numbers; tensor geometry (which elements of an allocation belong to the
  * problem); building a problem; the device mirror (only with FA_WITH_CUDA); running; poison checks; the naive

@@ -1,6 +1,6 @@
 /*
- * verify.h - building attention problems and checking a backend's answers, shared by the flashattn CLI and
- * the test programs.
+ * verify.h - building attention problems and checking a backend's answers: the check library
+ * (libflashattn_check.a) that the flashattn CLI, the test programs and the fuzzer link.
  *
  * A problem is a set of host tensors for one shape and option set (dense or varlen, any layout), filled with
  * random numbers from a seed, with NaN in every element that is not part of the problem (stride gaps, rows
@@ -13,8 +13,8 @@
  * dtype + a small floor. vf_compare_sampled() does the same on a sample of rows, for problems too large for
  * a full reference.
  */
-#ifndef FLASHATTN_CLI_VERIFY_H
-#define FLASHATTN_CLI_VERIFY_H
+#ifndef FLASHATTN_CHECK_VERIFY_H
+#define FLASHATTN_CHECK_VERIFY_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -210,4 +210,4 @@ fa_status vf_time(vf_problem *pr, const fa_exec *exec, int backward, int warmup,
 /* Seconds since an arbitrary start (CLOCK_MONOTONIC). */
 double vf_seconds(void);
 
-#endif /* FLASHATTN_CLI_VERIFY_H */
+#endif /* FLASHATTN_CHECK_VERIFY_H */

@@ -2,8 +2,8 @@
  * plot.h - grouped bar charts written as standalone SVG files (the style of the FlashAttention-2 paper's
  * benchmark figures: one group per sequence length, one bar per implementation).
  */
-#ifndef FLASHATTN_CLI_PLOT_H
-#define FLASHATTN_CLI_PLOT_H
+#ifndef FLASHATTN_BENCH_PLOT_H
+#define FLASHATTN_BENCH_PLOT_H
 
 /* One implementation: its legend name and one value per group (NaN = not measured, no bar drawn). */
 typedef struct plot_series {
@@ -18,4 +18,4 @@ typedef struct plot_series {
 int plot_bars_svg(const char *path, const char *title, const char *x_label, const char *y_label, int n_groups,
                   const char *const *group_labels, int n_series, const plot_series *series);
 
-#endif /* FLASHATTN_CLI_PLOT_H */
+#endif /* FLASHATTN_BENCH_PLOT_H */

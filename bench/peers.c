@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "peers.h"
 
 typedef struct reader {
     const char *s, *end;
