@@ -6,7 +6,7 @@
  * The test then builds, by its own walk over the cache, the equivalent varlen problem: sequence b's keys are
  * its cache rows leftpad .. cache_seqlens + seqlen_new - 1 with the new tokens appended (the keys rotated by
  * the test's own fp32 rotation, rounded to the dtype), and q rotated the same way. O and LSE of each backend
- * are compared with the fp64 reference of that problem under the tolerance rule of cli/verify.c; the cache
+ * are compared with the fp64 reference of that problem under the tolerance rule of check/verify.c; the cache
  * after the call must hold the appended rows (V exactly, K within a rounding of the rotation) and be
  * unchanged everywhere else. Then the invalid arguments: each returns FA_ERR_INVALID_ARGUMENT naming its
  * field and writes nothing, the cache included.
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cli/verify.h"
+#include "../check/verify.h"
 #include "../src/internal.h"
 #include "harness.h"
 
