@@ -149,23 +149,58 @@ struct fa3_krows {
     int pad;
 };
 
-template <int D, int BN, int NWG, int STAGES>
-struct fa3_cfg {
+/* Where a ring of barrier-guarded buffers stands (the K stages, the V stages, a warpgroup's Q tile, the slots
+ * of published tile indices): its use number `index` takes stage index % N in round index / N. A barrier's phase
+ * completes once per round, so whoever waits for a stage to be filled waits for the parity of the round, and
+ * whoever waits for it to be emptied the opposite parity (the first round's wait for an empty stage passes at
+ * once: the phase "before" the barrier's first has completed). */
+template <int N>
+struct fa3_pipe {
+    int index;
+    __device__ __forceinline__ int stage() const { return index % N; }
+    __device__ __forceinline__ uint32_t phase() const { return (index / N) & 1; }
+    __device__ __forceinline__ uint32_t empty_phase() const { return ((index / N) & 1) ^ 1; }
+    __device__ __forceinline__ fa3_pipe at(int i) const { return fa3_pipe{index + i}; } /* the use i later */
+    __device__ __forceinline__ void advance(int n = 1) { index += n; }
+};
+
+/* The shared-memory area after the tiles: the mbarriers (8 bytes each) and what the producer publishes beside
+ * them. Offsets are bytes from the area's start; one layout gives both the addresses and the size. */
+template <int NWG, int STAGES>
+struct fa3_bar_layout {
     static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it (kSharedGeo) */
     static constexpr int kTileRing = 4;  /* entries of the rings of published tiles: tile k in entry k % 4 */
     static_assert((kTileRing & (kTileRing - 1)) == 0, "the ring is indexed by a mask");
+    static constexpr int kQFull = 0;                       /* per consumer warpgroup: its Q tile loaded */
+    static constexpr int kQEmpty = kQFull + 8 * NWG;       /* ... and free again */
+    static constexpr int kKFull = kQEmpty + 8 * NWG;       /* per stage */
+    static constexpr int kKEmpty = kKFull + 8 * STAGES;
+    static constexpr int kVFull = kKEmpty + 8 * STAGES;
+    static constexpr int kVEmpty = kVFull + 8 * STAGES;
+    static constexpr int kTileFull = kVEmpty + 8 * STAGES; /* per slot of the two published tile indices */
+    static constexpr int kTileEmpty = kTileFull + 16;
+    static constexpr int kVReady = kTileEmpty + 16;        /* per V stage: rows past the sequence zeroed (varlen) */
+    static constexpr int kTileIds = kVReady + 8 * STAGES;  /* int[2]: the published tile indices */
+    static constexpr int kVValid = kTileIds + 8;           /* int[STAGES]: rows of each V stage in the sequence */
+    static constexpr int kHeadBytes = kVValid + ((4 * STAGES + 7) / 8) * 8;
+    /* then, with three consumer warpgroups, the rings of tile geometries and of fa3_krows */
+    static constexpr int kGeo = kHeadBytes;
+    static constexpr int kKrows = kGeo + kTileRing * kGeoBytes;
+    static constexpr int kBytes = kHeadBytes + (NWG == 3 ? kTileRing * (kGeoBytes + (int)sizeof(fa3_krows)) : 0);
+};
+
+template <int D, int BN, int NWG, int STAGES>
+struct fa3_cfg {
+    typedef fa3_bar_layout<NWG, STAGES> Bars;
+    static constexpr int kGeoBytes = Bars::kGeoBytes;
+    static constexpr int kTileRing = Bars::kTileRing;
     static constexpr int kBlockM   = 64 * NWG;
     static constexpr int kThreads  = 128 * (NWG + 1);
     static constexpr int kQBytes   = 64 * D * 2; /* one consumer warpgroup's Q (and O) tile */
     static constexpr int kKVBytes  = BN * D * 2; /* one K or V stage */
     static constexpr int kQSlab    = 64 * 128;   /* bytes between the 64-column slabs of a Q tile */
     static constexpr int kKVSlab   = BN * 128;
-    /* Barriers: Q full/empty per consumer warpgroup, K and V full/empty per stage, tile index full/empty x 2,
-     * V ready per stage (varlen); then the two tile indices and the valid-row count of each V stage. */
-    static constexpr int kBarHeadBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8;
-    /* then, with three consumer warpgroups, the rings of tile geometries and of fa3_krows */
-    static constexpr int kBarBytes =
-        kBarHeadBytes + (NWG == 3 ? kTileRing * (kGeoBytes + (int)sizeof(fa3_krows)) : 0);
+    static constexpr int kBarBytes = Bars::kBytes;
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
@@ -174,8 +209,8 @@ struct fa3_cfg {
     static constexpr bool kSeparateO = kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
-    static constexpr int kOffGeo = kOffBar + kBarHeadBytes;
-    static constexpr int kOffKrows = kOffGeo + kTileRing * kGeoBytes;
+    static constexpr int kOffGeo = kOffBar + Bars::kGeo;
+    static constexpr int kOffKrows = kOffBar + Bars::kKrows;
     /* Register split: 24 + 2 x 240 or 40 + 2 x 232 = 3 x 168 (384 threads), 32 + 3 x 160 = 4 x 128 (512). With
      * two consumer warpgroups the producer gets 40 registers (its tile loop spills in 24) unless the consumers
      * need the full 240 (head dim 256). */
@@ -1019,13 +1054,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
     const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV;
     const uint32_t s_obuf = s_q + C::kOffO; /* the O tiles, when kSeparateO */
-    const uint32_t bar_q_full = s_q + C::kOffBar, bar_q_empty = bar_q_full + NWG * 8;
-    const uint32_t bar_k_full = bar_q_empty + NWG * 8, bar_k_empty = bar_k_full + STAGES * 8;
-    const uint32_t bar_v_full = bar_k_empty + STAGES * 8, bar_v_empty = bar_v_full + STAGES * 8;
-    const uint32_t bar_tile_full = bar_v_empty + STAGES * 8, bar_tile_empty = bar_tile_full + 16;
-    const uint32_t bar_v_ready = bar_tile_empty + 16;
-    volatile int *tile_ids = (volatile int *)(smem + (bar_v_ready + STAGES * 8 - s_q));
-    volatile int *v_valid = tile_ids + 2; /* rows of each V stage inside the sequence; -1: no more blocks */
+    typedef typename C::Bars B;
+    const uint32_t bar_q_full = s_q + C::kOffBar + B::kQFull, bar_q_empty = s_q + C::kOffBar + B::kQEmpty;
+    const uint32_t bar_k_full = s_q + C::kOffBar + B::kKFull, bar_k_empty = s_q + C::kOffBar + B::kKEmpty;
+    const uint32_t bar_v_full = s_q + C::kOffBar + B::kVFull, bar_v_empty = s_q + C::kOffBar + B::kVEmpty;
+    const uint32_t bar_tile_full = s_q + C::kOffBar + B::kTileFull, bar_tile_empty = s_q + C::kOffBar + B::kTileEmpty;
+    const uint32_t bar_v_ready = s_q + C::kOffBar + B::kVReady;
+    volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
+    volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid); /* -1: no more blocks */
     /* With three consumer warpgroups the producer publishes each tile's geometry (and its fa3_krows), so that the
      * consumers take no fa3_tile_get of their own, neither at the tile's start (H200 +1-2% under a causal mask up
      * to 2k) nor for its epilogue (with the krows from the producer, which every consumer warp's lane 0 wrote at
@@ -1318,8 +1354,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 } else {
 #pragma unroll 1
                     for (int i = 0; i < nb; ++i) {
-                        const int j = kv + i, st = j % STAGES;
-                        const uint32_t parity = (j / STAGES) & 1;
+                        const fa3_pipe<STAGES> kvp{kv + i};
+                        const int st = kvp.stage();
+                        const uint32_t parity = kvp.phase();
                         hp_mbar_wait(bar_k_full + 8 * st, parity);
                         fa3_pp_sync<PINGPONG>(c);
                         fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st * C::kKVBytes, 16, 1024));
