@@ -149,19 +149,18 @@ struct fa3_krows {
     int pad;
 };
 
-/* Where a ring of barrier-guarded buffers stands (the K stages, the V stages, a warpgroup's Q tile, the slots
- * of published tile indices): its use number `index` takes stage index % N in round index / N. A barrier's phase
- * completes once per round, so whoever waits for a stage to be filled waits for the parity of the round, and
+/* The ring of barrier-guarded buffers that a use number j falls in (the K stages, the V stages, a warpgroup's Q
+ * tile, the two slots of published tile indices): use j takes stage j % N in round j / N. A barrier's phase
+ * completes once per round, so whoever waits for a stage to be filled waits for the parity of the round and
  * whoever waits for it to be emptied the opposite parity (the first round's wait for an empty stage passes at
- * once: the phase "before" the barrier's first has completed). */
+ * once: the phase "before" the barrier's first counts as completed). Every stage and parity of the kernel comes
+ * from here. The use number is a plain int that its owner counts on: held in a struct, it moved the register
+ * numbering of the PTX, and ptxas's register allocation with it. */
 template <int N>
 struct fa3_pipe {
-    int index;
-    __device__ __forceinline__ int stage() const { return index % N; }
-    __device__ __forceinline__ uint32_t phase() const { return (index / N) & 1; }
-    __device__ __forceinline__ uint32_t empty_phase() const { return ((index / N) & 1) ^ 1; }
-    __device__ __forceinline__ fa3_pipe at(int i) const { return fa3_pipe{index + i}; } /* the use i later */
-    __device__ __forceinline__ void advance(int n = 1) { index += n; }
+    static __device__ __forceinline__ int stage(int j) { return j % N; }
+    static __device__ __forceinline__ uint32_t phase(int j) { return (j / N) & 1; }
+    static __device__ __forceinline__ uint32_t empty_phase(int j) { return ((j / N) & 1) ^ 1; }
 };
 
 /* The shared-memory area after the tiles: the mbarriers (8 bytes each) and what the producer publishes beside
@@ -905,10 +904,11 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
                                                         int c) {
     static_assert(KST < 0 || STAGES == 2, "compile-time stages need a two-stage ring");
     constexpr int kKV = BN * D * 2;
-    const int j = kv + i, st = KST < 0 ? j % STAGES : KST, sp = KST < 0 ? (j - 1) % STAGES : KST ^ 1;
+    const int j = kv + i; /* K(i); V(i - 1) is use j - 1 */
+    const int st = KST < 0 ? fa3_pipe<STAGES>::stage(j) : KST, sp = KST < 0 ? fa3_pipe<STAGES>::stage(j - 1) : KST ^ 1;
     fa3_pp_sync<PINGPONG>(c); /* K(i) has landed: waited for one block earlier */
     fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
-    hp_mbar_wait(r.v_full + 8 * sp, ((j - 1) / STAGES) & 1);
+    hp_mbar_wait(r.v_full + 8 * sp, fa3_pipe<STAGES>::phase(j - 1));
     fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + sp * kKV, BN * 128, 1024));
     fa3_pp_arrive<PINGPONG, NWG>(c, false);
     hp_wgmma_wait<1>();
@@ -931,7 +931,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     }
     /* Waiting for the next K block here (it is needed next anyway) puts a loop between the softmax and the
      * wait below; otherwise ptxas hoists that wait above the softmax and P V(i - 1) no longer overlaps it. */
-    if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * ((j + 1) % STAGES), ((j + 1) / STAGES) & 1);
+    if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * fa3_pipe<STAGES>::stage(j + 1), fa3_pipe<STAGES>::phase(j + 1));
     hp_wgmma_wait<0>();
     fa3_pv_done<D, BN>(o, p);
     FA3_EV(FA3_EV_PV_DONE, i);
@@ -957,7 +957,7 @@ static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, c
                                                         const fa3_mask_info &mi, int n_min, int row0, int lane,
                                                         int c) {
     static_assert(N == 1 || N == 2, "one or two blocks");
-    if ((kv + i) & 1) {
+    if (fa3_pipe<STAGES>::stage(kv + i) != 0) {
         fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
                                                                     lane, c);
         if (N == 2)
@@ -977,8 +977,9 @@ static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, c
 template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool HALF>
 static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa3_ring &r, float (&o)[D / 2],
                                                         uint32_t (&p)[BN / 4], bool half, int lane, int c) {
-    const int j = kv + nb - 1, sl = j % STAGES;
-    hp_mbar_wait(r.v_full + 8 * sl, (j / STAGES) & 1);
+    const int j = kv + nb - 1;
+    const int sl = fa3_pipe<STAGES>::stage(j);
+    hp_mbar_wait(r.v_full + 8 * sl, fa3_pipe<STAGES>::phase(j));
     fa3_pp_sync<PINGPONG>(c);
     const uint64_t desc_v = hp_desc_sw128(r.s_v + sl * (BN * D * 2), BN * 128, 1024);
     if (HALF && half)
@@ -1005,8 +1006,9 @@ static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, c
             fa3_pp_sync<PINGPONG>(c);
             fa3_pp_arrive<PINGPONG, NWG>(c, false);
         }
-        const int j = kv + i, st = j % STAGES;
-        const uint32_t parity = (j / STAGES) & 1;
+        const int j = kv + i;
+        const int st = fa3_pipe<STAGES>::stage(j);
+        const uint32_t parity = fa3_pipe<STAGES>::phase(j);
         hp_mbar_wait(r.k_full + 8 * st, parity);
         fa3_release(r.k_empty + 8 * st, lane);
         hp_mbar_wait(r.v_full + 8 * st, parity);
@@ -1115,8 +1117,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             for (int k = 0;; ++k) {
                 const int tile = kSharedGeo ? fa3_claim_order(a, claim) : claim;
                 /* Publish the tile index (double-buffered) to the consumers. */
-                const int slot = k & 1;
-                hp_mbar_wait(bar_tile_empty + 8 * slot, ((k >> 1) & 1) ^ 1);
+                const int slot = fa3_pipe<2>::stage(k);
+                hp_mbar_wait(bar_tile_empty + 8 * slot, fa3_pipe<2>::empty_phase(k));
                 tile_ids[slot] = tile;
                 fa3_tile g;
                 bool valid = false;
@@ -1142,8 +1144,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                      * The first K block goes before Q, which may wait for the previous tile's epilogue. */
                     for (int i = 0; i <= g.nblocks; ++i) {
                         if (i < g.nblocks) {
-                            const int j = kv + i, st = j % STAGES;
-                            hp_mbar_wait(bar_k_empty + 8 * st, ((j / STAGES) & 1) ^ 1);
+                            const int j = kv + i;
+                            const int st = fa3_pipe<STAGES>::stage(j);
+                            hp_mbar_wait(bar_k_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
                             FA3_EV(FA3_EV_KLOAD, i);
                             hp_mbar_arrive_expect_tx(bar_k_full + 8 * st, C::kKVBytes);
                             hp_tma_load_5d(s_k + st * C::kKVBytes, &tm_k, bar_k_full + 8 * st, 0,
@@ -1151,7 +1154,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         }
                         if (i == 0) {
                             for (int w = 0; w < NWG; ++w) {
-                                hp_mbar_wait(bar_q_empty + 8 * w, (q_loads & 1) ^ 1);
+                                hp_mbar_wait(bar_q_empty + 8 * w, fa3_pipe<1>::empty_phase(q_loads));
                                 if (!kSkipIdle || fa3_wg_has_rows(g, w)) {
                                     hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
                                     hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
@@ -1163,8 +1166,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                             }
                             ++q_loads;
                         } else {
-                            const int j = kv + i - 1, st = j % STAGES;
-                            hp_mbar_wait(bar_v_empty + 8 * st, ((j / STAGES) & 1) ^ 1);
+                            const int j = kv + i - 1;
+                            const int st = fa3_pipe<STAGES>::stage(j);
+                            hp_mbar_wait(bar_v_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
                             FA3_EV(FA3_EV_VLOAD, i - 1);
                             v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
                             hp_mbar_arrive_expect_tx(bar_v_full + 8 * st, C::kKVBytes);
@@ -1187,8 +1191,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 }
             }
             if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
-                const int st = kv % STAGES;
-                hp_mbar_wait(bar_v_empty + 8 * st, ((kv / STAGES) & 1) ^ 1);
+                const int st = fa3_pipe<STAGES>::stage(kv);
+                hp_mbar_wait(bar_v_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(kv));
                 v_valid[st] = -1;
                 hp_mbar_arrive(bar_v_full + 8 * st);
             }
@@ -1196,8 +1200,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             /* The V fixer: every V block in ring order; zero the rows past the sequence, then mark it ready. */
             const int lane = threadIdx.x % 32;
             for (int j = 0;; ++j) {
-                const int st = j % STAGES;
-                hp_mbar_wait(bar_v_full + 8 * st, (j / STAGES) & 1);
+                const int st = fa3_pipe<STAGES>::stage(j);
+                hp_mbar_wait(bar_v_full + 8 * st, fa3_pipe<STAGES>::phase(j));
                 const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0); /* as tile_ids */
                 if (valid < 0) break;
                 if (valid < BN) {
@@ -1224,9 +1228,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
         if (fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
 
         for (int k = 0;; ++k) {
-            const int slot = k & 1;
+            const int slot = fa3_pipe<2>::stage(k);
             FA3_EV(FA3_EV_SLOT_WAIT, 0);
-            hp_mbar_wait(bar_tile_full + 8 * slot, (k >> 1) & 1);
+            hp_mbar_wait(bar_tile_full + 8 * slot, fa3_pipe<2>::phase(k));
             FA3_EV(FA3_EV_SLOT, 0);
             /* Lane 0 reads the index slot and releases it, so that the read is ordered before the release in one
              * thread; the warp gets the index by shuffle. With the geometry published (kSharedGeo) every lane
@@ -1259,7 +1263,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 if (!fa3_wg_has_rows(g, c)) {
                     if (nb > 0) {
                         fa3_idle_tile<NWG, STAGES, PINGPONG>(nb, kv, r, bar_q_full + 8 * c, bar_q_empty + 8 * c,
-                                                             q_uses & 1, lane, c);
+                                                             fa3_pipe<1>::phase(q_uses), lane, c);
                         kv += nb;
                         ++q_uses;
                     }
@@ -1288,7 +1292,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
                 if (!fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
 
-                hp_mbar_wait(bar_q_full + 8 * c, q_uses & 1);
+                hp_mbar_wait(bar_q_full + 8 * c, fa3_pipe<1>::phase(q_uses));
                 FA3_EV(FA3_EV_Q, 0);
                 if constexpr (QRS) {
                     fa3_load_q_frag<D>(q.frag, s_q + c * C::kQBytes, warp, lane);
@@ -1308,8 +1312,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
                         half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
                     }
-                    const int st0 = kv % STAGES;
-                    hp_mbar_wait(bar_k_full + 8 * st0, (kv / STAGES) & 1);
+                    const int st0 = fa3_pipe<STAGES>::stage(kv);
+                    hp_mbar_wait(bar_k_full + 8 * st0, fa3_pipe<STAGES>::phase(kv));
                     if (!fa3_first_qk_free(NWG)) fa3_pp_sync<PINGPONG>(c);
                     fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st0 * C::kKVBytes, 16, 1024));
                     if (!fa3_first_qk_free(NWG)) fa3_pp_arrive<PINGPONG, NWG>(c, false);
@@ -1324,7 +1328,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     else
                         fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, quad);
                     fa3_convert_p<BN, BF16>(s, p);
-                    if (nbw > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
+                    if (nbw > 1)
+                        hp_mbar_wait(bar_k_full + 8 * fa3_pipe<STAGES>::stage(kv + 1), fa3_pipe<STAGES>::phase(kv + 1));
                     /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
                      * compile-time stages, and so does a lone one (kLoneFast; an even block count leaves one after
                      * the tile's first block); the other blocks the general step. */
@@ -1354,9 +1359,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 } else {
 #pragma unroll 1
                     for (int i = 0; i < nb; ++i) {
-                        const fa3_pipe<STAGES> kvp{kv + i};
-                        const int st = kvp.stage();
-                        const uint32_t parity = kvp.phase();
+                        const int j = kv + i;
+                        const int st = fa3_pipe<STAGES>::stage(j);
+                        const uint32_t parity = fa3_pipe<STAGES>::phase(j);
                         hp_mbar_wait(bar_k_full + 8 * st, parity);
                         fa3_pp_sync<PINGPONG>(c);
                         fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st * C::kKVBytes, 16, 1024));
