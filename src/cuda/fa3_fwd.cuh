@@ -5,8 +5,8 @@
  * A persistent grid (one CTA per SM) walks tiles of kBlockM = 64 * NWG query rows of one (batch, head); tiles
  * come from an atomic counter (or round robin) in head-major order (under a causal mask each head's longest
  * first; where a head's first tile has a single warpgroup's rows, every head's first tile after all the
- * others: fa3_claim_order), or under a causal mask above 1k queries longest first across the heads of an
- * L2-sized section (fa3_tile_get; the host chooses, longest_first_section). With three consumer warpgroups a
+ * others: fa3_sched::claim_order), or under a causal mask above 1k queries longest first across the heads of an
+ * L2-sized section (fa3_sched::tile_get; the host chooses, longest_first_section). With three consumer warpgroups a
  * warpgroup whose 64 rows lie outside the sequence skips the tile (fa3_idle_tile), and under a causal mask the
  * tiles end at the last query, so that the partial tile is the first, shortest one. In a CTA:
  *   warpgroup 0  producer: one thread fetches the next tile index (with three consumer warpgroups it also
@@ -89,10 +89,10 @@ struct fa3_args {
     const void *k; /* for S computed again where the softmax against the stale max failed (fa3_mma_scores) */
     int64_t k_stride_batch, k_stride_seq, k_stride_head;
     int num_tiles;     /* num_m_blocks * heads_q * batch */
-    int *tile_counter; /* claims past the first wave (fa3_counter_reset); NULL: tiles are dealt round robin */
+    int *tile_counter; /* claims past the first wave (fa3_sched::counter_reset); NULL: tiles are dealt round robin */
     int num_bh;        /* heads_q * batch */
     fa3_divisor div_m_blocks, div_heads, div_group, div_section, div_section_tiles; /* by num_m_blocks, ... */
-    /* fa3_claim_order: claims from first_blocks_claim on take each head's first query block (= num_tiles:
+    /* fa3_sched::claim_order: claims from first_blocks_claim on take each head's first query block (= num_tiles:
      * none do); before it, claim c takes tile c + c / div_head_tiles (num_m_blocks - 1; 2^30: tile c) */
     int first_blocks_claim;
     fa3_divisor div_head_tiles;
@@ -279,113 +279,118 @@ static __device__ __forceinline__ long long fa3_key_end(const fa3_args &a, const
     return hi;
 }
 
-/* Decodes tile index -> (b, h, query block); false when the block starts past its (varlen) sequence. The
- * producer and the consumers call this with the same index and so agree on everything. Head-major order (all
- * query blocks of a head, then the next head) unless a.section > 0: then the (batch, head) pairs are taken in
- * sections whose K and V fit in L2 together, and a section's tiles go query block by query block across its
- * heads. With reverse_m (from the last query block, the longest under a causal mask) that hands out the longest
- * tiles first and leaves only short ones for the end of the grid; head-major, the last head's longest tile
- * starts near the end and the other SMs idle while it runs. */
-template <int BM, int BN, bool ALIGN, bool VARLEN, bool FASTDIV>
-static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile, fa3_tile &g) {
-    int bh, mi;
-    if (a.section > 0) {
-        const int per_section = a.section * a.num_m_blocks;
-        const int sec = FASTDIV ? fa3_div(a.div_section_tiles, tile) : tile / per_section;
-        const int r = tile - sec * per_section, bh0 = sec * a.section;
-        /* the last section may be short; num_bh = num_tiles / num_m_blocks (the two-warpgroup kernels keep the
-         * divide: taking it out moved ptxas's schedule of their whole loop) */
-        const int n = min(a.section, (FASTDIV ? a.num_bh : a.num_tiles / a.num_m_blocks) - bh0);
-        mi = FASTDIV && n == a.section ? fa3_div(a.div_section, r) : r / n;
-        bh = bh0 + (r - mi * n);
-    } else {
-        bh = FASTDIV ? fa3_div(a.div_m_blocks, tile) : tile / a.num_m_blocks;
-        mi = tile - bh * a.num_m_blocks;
+/* The tile scheduler: which tile a claim stands for and where it lies (tile_get, claim_order), and the tile
+ * counter that hands out the claims past the first wave (counter_reset, counter_wait, counter_retire). The
+ * divisions by run-time sizes take fa3_div. */
+struct fa3_sched {
+    /* Decodes tile index -> (b, h, query block); false when the block starts past its (varlen) sequence. The
+     * producer and the consumers call this with the same index and so agree on everything. Head-major order (all
+     * query blocks of a head, then the next head) unless a.section > 0: then the (batch, head) pairs are taken in
+     * sections whose K and V fit in L2 together, and a section's tiles go query block by query block across its
+     * heads. With reverse_m (from the last query block, the longest under a causal mask) that hands out the longest
+     * tiles first and leaves only short ones for the end of the grid; head-major, the last head's longest tile
+     * starts near the end and the other SMs idle while it runs. */
+    template <int BM, int BN, bool ALIGN, bool VARLEN, bool FASTDIV>
+    static __device__ __forceinline__ bool tile_get(const fa3_args &a, int tile, fa3_tile &g) {
+        int bh, mi;
+        if (a.section > 0) {
+            const int per_section = a.section * a.num_m_blocks;
+            const int sec = FASTDIV ? fa3_div(a.div_section_tiles, tile) : tile / per_section;
+            const int r = tile - sec * per_section, bh0 = sec * a.section;
+            /* the last section may be short; num_bh = num_tiles / num_m_blocks (the two-warpgroup kernels keep the
+             * divide: taking it out moved ptxas's schedule of their whole loop) */
+            const int n = min(a.section, (FASTDIV ? a.num_bh : a.num_tiles / a.num_m_blocks) - bh0);
+            mi = FASTDIV && n == a.section ? fa3_div(a.div_section, r) : r / n;
+            bh = bh0 + (r - mi * n);
+        } else {
+            bh = FASTDIV ? fa3_div(a.div_m_blocks, tile) : tile / a.num_m_blocks;
+            mi = tile - bh * a.num_m_blocks;
+        }
+        const int m_block = a.reverse_m ? a.num_m_blocks - 1 - mi : mi;
+        g.b = FASTDIV ? fa3_div(a.div_heads, bh) : bh / a.heads_q;
+        g.h = bh - g.b * a.heads_q;
+        g.len_q = a.seqlen_q;
+        g.len_k = a.seqlen_k;
+        g.tok_q = g.tok_k = 0;
+        if (VARLEN && a.cu_q != nullptr) {
+            g.tok_q = a.cu_q[g.b];
+            g.tok_k = a.cu_k[g.b];
+            g.len_q = a.cu_q[g.b + 1] - g.tok_q;
+            g.len_k = a.cu_k[g.b + 1] - g.tok_k;
+        }
+        /* Aligned to the end (ALIGN: kernels whose idle warpgroups skip their work), the warpgroups a partial tile
+         * lacks are taken off the first tile: under a causal mask the shortest one, so the tiles are 1-2 key blocks
+         * shorter than with the partial tile last (the longest). */
+        g.m0 = m_block * BM;
+        g.shift = 0;
+        if (ALIGN && a.align_end) {
+            const int tiles_q = (g.len_q + BM - 1) / BM;
+            if (m_block >= tiles_q) return false;
+            g.shift = (tiles_q * BM - g.len_q) / 64 * 64;
+        } else if (g.m0 >= g.len_q) {
+            return false;
+        }
+        const int off = g.len_k - g.len_q; /* query i sits at key position i + off */
+        g.row_last = min(fa3_wg_row0(g, 0) + BM, g.len_q) - 1;
+        long long key_hi = fa3_key_end(a, g, g.row_last), key_lo = 0;
+        /* A first row before row 0 (align_end) gives a lower bound that is only too low: correct, masked per row. */
+        if (a.window_left >= 0) key_lo = max(key_lo, (long long)fa3_wg_row0(g, 0) + off - a.window_left);
+        g.n_min = 0;
+        g.nblocks = 0;
+        if (key_hi > key_lo) {
+            g.n_min = (int)(key_lo / BN);
+            g.nblocks = (int)((key_hi + BN - 1) / BN) - g.n_min;
+        }
+        return true;
     }
-    const int m_block = a.reverse_m ? a.num_m_blocks - 1 - mi : mi;
-    g.b = FASTDIV ? fa3_div(a.div_heads, bh) : bh / a.heads_q;
-    g.h = bh - g.b * a.heads_q;
-    g.len_q = a.seqlen_q;
-    g.len_k = a.seqlen_k;
-    g.tok_q = g.tok_k = 0;
-    if (VARLEN && a.cu_q != nullptr) {
-        g.tok_q = a.cu_q[g.b];
-        g.tok_k = a.cu_k[g.b];
-        g.len_q = a.cu_q[g.b + 1] - g.tok_q;
-        g.len_k = a.cu_k[g.b + 1] - g.tok_k;
+
+    /* The tile counter lives in the caller's workspace, which may hold anything, and is reset inside the kernel
+     * rather than by a memset before the launch (one more operation on the stream; H200, head dim 64: +0.3-0.6%
+     * under a causal mask up to 2k): CTA 0 zeroes it and then publishes the launch's tag beside it; every other CTA
+     * sees the tag before its first claim. A CTA's first tile is blockIdx.x, so by then CTA 0 (the first to be
+     * dispatched) has long passed its reset. That CTA 0 runs while others wait is the assumption of CUB's
+     * decoupled look-back: at most one CTA per SM, dispatched in index order. A reset by whichever CTA comes first
+     * (an atomic exchange per CTA before its first claim) needs none, but measured 0.2-1.3% slower up to 1k at head
+     * dims 64 and 128; one pointer for the counter and the tag (a struct) lost 0.8% at head dim 64 causal 1k
+     * through the consumers' register allocation. */
+    static __device__ __forceinline__ void counter_reset(const fa3_args &a) {
+    #if FA_SM90A
+        asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
+        asm volatile("st.release.gpu.global.b64 [%0], %1;" ::"l"(a.counter_tag), "l"(a.launch_tag) : "memory");
+    #endif
     }
-    /* Aligned to the end (ALIGN: kernels whose idle warpgroups skip their work), the warpgroups a partial tile
-     * lacks are taken off the first tile: under a causal mask the shortest one, so the tiles are 1-2 key blocks
-     * shorter than with the partial tile last (the longest). */
-    g.m0 = m_block * BM;
-    g.shift = 0;
-    if (ALIGN && a.align_end) {
-        const int tiles_q = (g.len_q + BM - 1) / BM;
-        if (m_block >= tiles_q) return false;
-        g.shift = (tiles_q * BM - g.len_q) / 64 * 64;
-    } else if (g.m0 >= g.len_q) {
-        return false;
+
+    /* Every CTA claims until a claim fails, so a launch makes exactly num_tiles claims. The one that returns
+     * num_tiles - 1 is the launch's last access to the counter: it zeroes the counter and the tag. A CUDA graph
+     * replays a launch with the same tag on the same workspace; without this, the next replay's CTAs would see
+     * the tag already published and could claim from the old count before CTA 0 resets it. */
+    static __device__ __forceinline__ void counter_retire(const fa3_args &a) {
+    #if FA_SM90A
+        asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
+        asm volatile("st.relaxed.gpu.global.b64 [%0], 0;" ::"l"(a.counter_tag) : "memory");
+    #endif
     }
-    const int off = g.len_k - g.len_q; /* query i sits at key position i + off */
-    g.row_last = min(fa3_wg_row0(g, 0) + BM, g.len_q) - 1;
-    long long key_hi = fa3_key_end(a, g, g.row_last), key_lo = 0;
-    /* A first row before row 0 (align_end) gives a lower bound that is only too low: correct, masked per row. */
-    if (a.window_left >= 0) key_lo = max(key_lo, (long long)fa3_wg_row0(g, 0) + off - a.window_left);
-    g.n_min = 0;
-    g.nblocks = 0;
-    if (key_hi > key_lo) {
-        g.n_min = (int)(key_lo / BN);
-        g.nblocks = (int)((key_hi + BN - 1) / BN) - g.n_min;
+
+    static __device__ __forceinline__ void counter_wait(const fa3_args &a) {
+    #if FA_SM90A
+        unsigned long long tag;
+        do {
+            asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(tag) : "l"(a.counter_tag) : "memory");
+        } while (tag != a.launch_tag);
+    #endif
     }
-    return true;
-}
 
-/* The tile counter lives in the caller's workspace, which may hold anything, and is reset inside the kernel
- * rather than by a memset before the launch (one more operation on the stream; H200, head dim 64: +0.3-0.6%
- * under a causal mask up to 2k): CTA 0 zeroes it and then publishes the launch's tag beside it; every other CTA
- * sees the tag before its first claim. A CTA's first tile is blockIdx.x, so by then CTA 0 (the first to be
- * dispatched) has long passed its reset. That CTA 0 runs while others wait is the assumption of CUB's
- * decoupled look-back: at most one CTA per SM, dispatched in index order. A reset by whichever CTA comes first
- * (an atomic exchange per CTA before its first claim) needs none, but measured 0.2-1.3% slower up to 1k at head
- * dims 64 and 128; one pointer for the counter and the tag (a struct) lost 0.8% at head dim 64 causal 1k
- * through the consumers' register allocation. */
-static __device__ __forceinline__ void fa3_counter_reset(const fa3_args &a) {
-#if FA_SM90A
-    asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
-    asm volatile("st.release.gpu.global.b64 [%0], %1;" ::"l"(a.counter_tag), "l"(a.launch_tag) : "memory");
-#endif
-}
-
-/* Every CTA claims until a claim fails, so a launch makes exactly num_tiles claims. The one that returns
- * num_tiles - 1 is the launch's last access to the counter: it zeroes the counter and the tag. A CUDA graph
- * replays a launch with the same tag on the same workspace; without this, the next replay's CTAs would see
- * the tag already published and could claim from the old count before CTA 0 resets it. */
-static __device__ __forceinline__ void fa3_counter_retire(const fa3_args &a) {
-#if FA_SM90A
-    asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
-    asm volatile("st.relaxed.gpu.global.b64 [%0], 0;" ::"l"(a.counter_tag) : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void fa3_counter_wait(const fa3_args &a) {
-#if FA_SM90A
-    unsigned long long tag;
-    do {
-        asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(tag) : "l"(a.counter_tag) : "memory");
-    } while (tag != a.launch_tag);
-#endif
-}
-
-/* The tile that the producer's claim number `claim` stands for: the same, or (head-major order, reverse_m, set
- * by the host where a head's first query block is its shortest tile by far) each head's other query blocks
- * first and every head's first query block after all of those, so that the grid ends with short tiles. The
- * tile index c of head-major order is bh * num_m_blocks + mi; the first part's claim c = bh * (num_m_blocks - 1)
- * + mi maps to c + bh. Only the producer maps; the consumers decode the tile index it publishes. */
-static __device__ __forceinline__ int fa3_claim_order(const fa3_args &a, int claim) {
-    if (claim >= a.num_tiles) return claim;
-    return claim < a.first_blocks_claim ? claim + fa3_div(a.div_head_tiles, claim)
-                                        : (claim - a.first_blocks_claim + 1) * a.num_m_blocks - 1;
-}
+    /* The tile that the producer's claim number `claim` stands for: the same, or (head-major order, reverse_m, set
+     * by the host where a head's first query block is its shortest tile by far) each head's other query blocks
+     * first and every head's first query block after all of those, so that the grid ends with short tiles. The
+     * tile index c of head-major order is bh * num_m_blocks + mi; the first part's claim c = bh * (num_m_blocks - 1)
+     * + mi maps to c + bh. Only the producer maps; the consumers decode the tile index it publishes. */
+    static __device__ __forceinline__ int claim_order(const fa3_args &a, int claim) {
+        if (claim >= a.num_tiles) return claim;
+        return claim < a.first_blocks_claim ? claim + fa3_div(a.div_head_tiles, claim)
+                                            : (claim - a.first_blocks_claim + 1) * a.num_m_blocks - 1;
+    }
+};
 
 /* Key blocks n with n_lo <= n < n_hi need no mask for query rows [first, last]: they end inside len_k and inside
  * the window of each of those rows. The others (the ragged last block, the diagonal, the window edges) are
@@ -1065,12 +1070,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
     volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid); /* -1: no more blocks */
     /* With three consumer warpgroups the producer publishes each tile's geometry (and its fa3_krows), so that the
-     * consumers take no fa3_tile_get of their own, neither at the tile's start (H200 +1-2% under a causal mask up
-     * to 2k) nor for its epilogue (with the krows from the producer, which every consumer warp's lane 0 wrote at
-     * the tile's start before: +2.2% at causal 512, +1.3% at 1k, +0.4-0.6% from 4k). The CTA's tile k goes into
-     * entry k % 4 of a ring: the producer writes it once every consumer thread has taken tile k - 2's index
-     * slot, that is, has finished tile k - 4, whose entry it overwrites. Kept in registers from the tile's start
-     * to its epilogue, the geometry spilled in the hot loop. */
+     * consumers take no fa3_sched::tile_get of their own, neither at the tile's start (H200 +1-2% under a causal
+     * mask up to 2k) nor for its epilogue (with the krows from the producer, which every consumer warp's lane 0
+     * wrote at the tile's start before: +2.2% at causal 512, +1.3% at 1k, +0.4-0.6% from 4k). The CTA's tile k
+     * goes into entry k % 4 of a ring: the producer writes it once every consumer thread has taken tile k - 2's
+     * index slot, that is, has finished tile k - 4, whose entry it overwrites. Kept in registers from the tile's
+     * start to its epilogue, the geometry spilled in the hot loop. */
     constexpr bool kSharedGeo = NWG == 3;
     static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
     fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
@@ -1112,10 +1117,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             hp_prefetch_tensor_map(&tm_q);
             hp_prefetch_tensor_map(&tm_k);
             hp_prefetch_tensor_map(&tm_v);
-            if (a.tile_counter != nullptr && blockIdx.x == 0) fa3_counter_reset(a);
+            if (a.tile_counter != nullptr && blockIdx.x == 0) fa3_sched::counter_reset(a);
             int claim = blockIdx.x, kv = 0, q_loads = 0;
             for (int k = 0;; ++k) {
-                const int tile = kSharedGeo ? fa3_claim_order(a, claim) : claim;
+                const int tile = kSharedGeo ? fa3_sched::claim_order(a, claim) : claim;
                 /* Publish the tile index (double-buffered) to the consumers. */
                 const int slot = fa3_pipe<2>::stage(k);
                 hp_mbar_wait(bar_tile_empty + 8 * slot, fa3_pipe<2>::empty_phase(k));
@@ -1123,7 +1128,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 fa3_tile g;
                 bool valid = false;
                 if (kSharedGeo && tile < a.num_tiles) {
-                    valid = fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+                    valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
                     geo[k & (C::kTileRing - 1)] = g;
                     if (!valid) {
                         geo[k & (C::kTileRing - 1)].nblocks = -1;
@@ -1137,7 +1142,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 hp_mbar_arrive(bar_tile_full + 8 * slot);
                 if (tile >= a.num_tiles) break;
                 FA3_EV(FA3_EV_PTILE, tile);
-                if (!kSharedGeo) valid = fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+                if (!kSharedGeo) valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
                 if (valid && g.nblocks > 0) {
                     const int bq = varlen ? 0 : g.b, hk = kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
                     /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
@@ -1182,9 +1187,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                  * finish it), not when it starts: the SM that frees up first takes the next tile of the order
                  * (measured 1-3% faster at head dim 128). */
                 if (a.tile_counter != nullptr) {
-                    if (k == 0) fa3_counter_wait(a);
+                    if (k == 0) fa3_sched::counter_wait(a);
                     const int n = atomicAdd(a.tile_counter, 1);
-                    if (n == a.num_tiles - 1) fa3_counter_retire(a);
+                    if (n == a.num_tiles - 1) fa3_sched::counter_retire(a);
                     claim = (int)gridDim.x + n;
                 } else {
                     claim += (int)gridDim.x;
@@ -1248,7 +1253,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 g = geo[k & (C::kTileRing - 1)];
                 hp_mbar_arrive(bar_tile_empty + 8 * slot);
                 if (g.nblocks < 0) continue;
-            } else if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
+            } else if (!fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
                 continue;
             }
             FA3_EV(FA3_EV_TILE, tile);
@@ -1387,7 +1392,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 
             /* The geometry again (from the ring) rather than kept in registers through the loop. */
             if constexpr (kSharedGeo) g = geo[k & (C::kTileRing - 1)];
-            else fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+            else fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
 
             FA3_EV(FA3_EV_EPI, tile);
             /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */
