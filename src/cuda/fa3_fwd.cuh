@@ -186,6 +186,28 @@ struct fa3_bar_layout {
     static constexpr int kGeo = kHeadBytes;
     static constexpr int kKrows = kGeo + kTileRing * kGeoBytes;
     static constexpr int kBytes = kHeadBytes + (NWG == 3 ? kTileRing * (kGeoBytes + (int)sizeof(fa3_krows)) : 0);
+
+    /* Every barrier with its arrival count, by one thread before the CTA's first __syncthreads. The tile-index
+     * slots are released per consumer thread where the geometry is published (each thread reads its entry),
+     * else per consumer warp. */
+    static __device__ __forceinline__ void init(uint32_t area, bool shared_geo) {
+        for (int i = 0; i < NWG; ++i) {
+            hp_mbar_init(area + kQFull + 8 * i, 1);
+            hp_mbar_init(area + kQEmpty + 8 * i, 4); /* one arrival per warp of the warpgroup */
+        }
+        for (int i = 0; i < STAGES; ++i) {
+            hp_mbar_init(area + kKFull + 8 * i, 1);
+            hp_mbar_init(area + kVFull + 8 * i, 1);
+            hp_mbar_init(area + kKEmpty + 8 * i, 4 * NWG); /* one arrival per consumer warp */
+            hp_mbar_init(area + kVEmpty + 8 * i, 4 * NWG);
+        }
+        for (int i = 0; i < 2; ++i) {
+            hp_mbar_init(area + kTileFull + 8 * i, 1);
+            hp_mbar_init(area + kTileEmpty + 8 * i, shared_geo ? 128 * NWG : 4 * NWG);
+        }
+        for (int i = 0; i < STAGES; ++i) hp_mbar_init(area + kVReady + 8 * i, 1);
+        hp_fence_barrier_init();
+    }
 };
 
 template <int D, int BN, int NWG, int STAGES>
@@ -1036,6 +1058,34 @@ static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_r
 
 #endif /* FA_SM90A */
 
+/* Warpgroup 0's second warp in a varlen batch: every V block in ring order; zero the rows past the sequence, then
+ * mark the block ready. The rows of a V block past its sequence belong to the next sequence or to the padding
+ * after the last one, which may hold anything (NaN), and 0 * NaN in P V would poison O. */
+template <int D, int BN, int NWG, int STAGES>
+static __device__ __forceinline__ void fa3_v_fixer(uint32_t s_v, uint32_t bar_v_full, uint32_t bar_v_ready,
+                                                   volatile const int *v_valid) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    const int lane = threadIdx.x % 32;
+    for (int j = 0;; ++j) {
+        const int st = fa3_pipe<STAGES>::stage(j);
+        hp_mbar_wait(bar_v_full + 8 * st, fa3_pipe<STAGES>::phase(j));
+        const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0); /* as tile_ids */
+        if (valid < 0) break;
+        if (valid < BN) {
+            const uint32_t base = s_v + st * C::kKVBytes;
+            const int per_slab = (BN - valid) * 8; /* 16-byte chunks of the dead rows of one 64-column slab */
+            for (int x = lane; x < per_slab * (D / 64); x += 32) {
+                const int slab = x / per_slab, rem = x - slab * per_slab;
+                const uint32_t addr = base + slab * C::kKVSlab + (valid + rem / 8) * 128 + (rem % 8) * 16;
+                asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
+            }
+            hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote */
+        }
+        __syncwarp();
+        if (lane == 0) hp_mbar_arrive(bar_v_ready + 8 * st);
+    }
+}
+
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
 
 template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
@@ -1087,24 +1137,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
      * for the TMA (V "full"); past len_k inside the tensor TMA's own zero fill does the same for dense batches. */
     const uint32_t bar_v_wait = varlen ? bar_v_ready : bar_v_full;
 
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < NWG; ++i) {
-            hp_mbar_init(bar_q_full + 8 * i, 1);
-            hp_mbar_init(bar_q_empty + 8 * i, 4); /* one arrival per warp of the warpgroup */
-        }
-        for (int i = 0; i < STAGES; ++i) {
-            hp_mbar_init(bar_k_full + 8 * i, 1);
-            hp_mbar_init(bar_v_full + 8 * i, 1);
-            hp_mbar_init(bar_k_empty + 8 * i, 4 * NWG); /* one arrival per consumer warp */
-            hp_mbar_init(bar_v_empty + 8 * i, 4 * NWG);
-        }
-        for (int i = 0; i < 2; ++i) {
-            hp_mbar_init(bar_tile_full + 8 * i, 1);
-            hp_mbar_init(bar_tile_empty + 8 * i, kSharedGeo ? 128 * NWG : 4 * NWG); /* per thread / per warp */
-        }
-        for (int i = 0; i < STAGES; ++i) hp_mbar_init(bar_v_ready + 8 * i, 1);
-        hp_fence_barrier_init();
-    }
+    if (threadIdx.x == 0) B::init(s_q + C::kOffBar, kSharedGeo);
 #if FA3_TRACE
     if (threadIdx.x < 4) fa3_trace_n[threadIdx.x] = 0;
 #endif
@@ -1202,26 +1235,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 hp_mbar_arrive(bar_v_full + 8 * st);
             }
         } else if (varlen && threadIdx.x / 32 == 1) {
-            /* The V fixer: every V block in ring order; zero the rows past the sequence, then mark it ready. */
-            const int lane = threadIdx.x % 32;
-            for (int j = 0;; ++j) {
-                const int st = fa3_pipe<STAGES>::stage(j);
-                hp_mbar_wait(bar_v_full + 8 * st, fa3_pipe<STAGES>::phase(j));
-                const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0); /* as tile_ids */
-                if (valid < 0) break;
-                if (valid < BN) {
-                    const uint32_t base = s_v + st * C::kKVBytes;
-                    const int per_slab = (BN - valid) * 8; /* 16-byte chunks of the dead rows of one 64-column slab */
-                    for (int x = lane; x < per_slab * (D / 64); x += 32) {
-                        const int slab = x / per_slab, rem = x - slab * per_slab;
-                        const uint32_t addr = base + slab * C::kKVSlab + (valid + rem / 8) * 128 + (rem % 8) * 16;
-                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
-                    }
-                    hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote */
-                }
-                __syncwarp();
-                if (lane == 0) hp_mbar_arrive(bar_v_ready + 8 * st);
-            }
+            fa3_v_fixer<D, BN, NWG, STAGES>(s_v, bar_v_full, bar_v_ready, v_valid);
         }
     } else {
         hp_setmaxnreg_inc<C::kRegsConsumer>();
