@@ -241,6 +241,27 @@ struct fa3_cfg {
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
 };
 
+/* The 16-bit element type of Q, K, V and O: the kernel's template argument; the launchers pick it by a flag
+ * (fa3_elem), the helpers below and the wgmma wrappers take the flag (fa3_elem_traits). */
+template <bool BF16>
+struct fa3_elem {
+    typedef __nv_bfloat16 type;
+};
+template <>
+struct fa3_elem<false> {
+    typedef __half type;
+};
+template <typename T>
+struct fa3_elem_traits;
+template <>
+struct fa3_elem_traits<__nv_bfloat16> {
+    static constexpr bool kBF16 = true;
+};
+template <>
+struct fa3_elem_traits<__half> {
+    static constexpr bool kBF16 = false;
+};
+
 /* Named barrier ids: 0 is __syncthreads; 1..NWG order GEMM issue (ping-pong); then one per consumer
  * warpgroup for its epilogue. */
 #define FA3_BAR_PINGPONG 1
@@ -1088,13 +1109,14 @@ static __device__ __forceinline__ void fa3_v_fixer(uint32_t s_v, uint32_t bar_v_
 
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
 
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, int STAGES, typename T, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                    const __grid_constant__ fa3_args a) {
 #if FA_SM90A
     typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    constexpr bool BF16 = fa3_elem_traits<T>::kBF16; /* what the helpers and the wgmma wrappers take */
     constexpr int BM = C::kBlockM;
     constexpr bool kSkipIdle = NWG == 3; /* warpgroups without rows skip the tile (fa3_wg_has_rows) */
     /* A lone unmasked block takes a step with compile-time stages, not the general one: +1-2% at head dim 64.
@@ -1511,7 +1533,8 @@ static inline bool fa3_needs_general(const fa3_args *a) {
     return a->softcap_pre != 0.0f || a->window_left >= 0 || a->cu_q != nullptr;
 }
 
-/* Launches one configuration on the persistent grid. QRS: Q K^T takes Q from registers. GENERAL = false: a kernel
+/* Launches one configuration on the persistent grid. BF16 picks the kernel's element type (bf16, else f16; the
+ * flag is what the per-head-dim launchers pass). QRS: Q K^T takes Q from registers. GENERAL = false: a kernel
  * for dense batches without softcap and without a left window edge (plain, causal, right windows): its masked
  * step is shorter, and it spills less. */
 template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS = false, bool GENERAL = true>
@@ -1520,7 +1543,7 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
     if (!GENERAL && fa3_needs_general(&pr->args))
         return fa_fail(FA_ERR_INTERNAL, "fa3 forward: softcap, a left window or varlen in a kernel without them");
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
-        fa3_fwd_kernel<D, BN, NWG, STAGES, BF16, OVERLAP, PINGPONG, QRS, GENERAL>;
+        fa3_fwd_kernel<D, BN, NWG, STAGES, typename fa3_elem<BF16>::type, OVERLAP, PINGPONG, QRS, GENERAL>;
     cudaError_t err = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            C::kSmemBytes);
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: setting the shared-memory size");
