@@ -237,6 +237,23 @@ struct fa3_cfg {
      * need the full 240 (head dim 256). */
     static constexpr int kRegsProducer = NWG == 3 ? 32 : (BN > 128 || D > 128 ? 24 : 40);
     static constexpr int kRegsConsumer = NWG == 3 ? 160 : (504 - kRegsProducer) / 2;
+    /* The choices that differ between two and three consumer warpgroups: */
+    static constexpr bool kSkipIdle = NWG == 3; /* warpgroups without rows skip the tile (fa3_wg_has_rows) */
+    /* A lone unmasked block takes a step with compile-time stages, not the general one: +1-2% at head dim 64.
+     * With two consumer warpgroups that step made ptxas serialize the wgmma of the head-dim-128 kernel. */
+    static constexpr bool kLoneFast = NWG == 3;
+    /* Tile geometry with magic-number divisions (fa3_divisor): H200 +4-6% up to 1k at head dim 64 (causal 1k
+     * 301 -> 317); with two consumer warpgroups the extra registers made ptxas serialize the head-dim-128
+     * kernel's wgmma. */
+    static constexpr bool kFastDiv = NWG == 3;
+    /* With three consumer warpgroups the producer publishes each tile's geometry (and its fa3_krows), so that the
+     * consumers take no fa3_sched::tile_get of their own, neither at the tile's start (H200 +1-2% under a causal
+     * mask up to 2k) nor for its epilogue (with the krows from the producer, which every consumer warp's lane 0
+     * wrote at the tile's start before: +2.2% at causal 512, +1.3% at 1k, +0.4-0.6% from 4k). The CTA's tile k
+     * goes into entry k % 4 of a ring: the producer writes it once every consumer thread has taken tile k - 2's
+     * index slot, that is, has finished tile k - 4, whose entry it overwrites. Kept in registers from the tile's
+     * start to its epilogue, the geometry spilled in the hot loop. */
+    static constexpr bool kSharedGeo = NWG == 3;
     static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
 };
@@ -428,12 +445,25 @@ struct fa3_sched {
      * first and every head's first query block after all of those, so that the grid ends with short tiles. The
      * tile index c of head-major order is bh * num_m_blocks + mi; the first part's claim c = bh * (num_m_blocks - 1)
      * + mi maps to c + bh. Only the producer maps; the consumers decode the tile index it publishes. */
+    static __device__ __forceinline__ int next_claim(const fa3_args &a, int claim, bool first);
     static __device__ __forceinline__ int claim_order(const fa3_args &a, int claim) {
         if (claim >= a.num_tiles) return claim;
         return claim < a.first_blocks_claim ? claim + fa3_div(a.div_head_tiles, claim)
                                             : (claim - a.first_blocks_claim + 1) * a.num_m_blocks - 1;
     }
 };
+
+/* The producer's claim after `claim`: from the counter (`first`: the CTA's first claim from it waits for the
+ * counter's reset), or round robin. */
+__device__ __forceinline__ int fa3_sched::next_claim(const fa3_args &a, int claim, bool first) {
+    if (a.tile_counter != nullptr) {
+        if (first) counter_wait(a);
+        const int n = atomicAdd(a.tile_counter, 1);
+        if (n == a.num_tiles - 1) counter_retire(a);
+        return (int)gridDim.x + n;
+    }
+    return claim + (int)gridDim.x;
+}
 
 /* Key blocks n with n_lo <= n < n_hi need no mask for query rows [first, last]: they end inside len_k and inside
  * the window of each of those rows. The others (the ragged last block, the diagonal, the window edges) are
@@ -456,6 +486,20 @@ static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const f
     }
     n_lo = (int)lo;
     n_hi = (int)hi;
+}
+
+/* The producer's copy of a tile's geometry and fa3_krows for the consumers (three consumer warpgroups);
+ * nblocks = -1 marks a tile that starts past its sequence. */
+static __device__ __forceinline__ void fa3_publish_tile(const fa3_args &a, const fa3_tile &g, bool valid, bool varlen,
+                                                        fa3_tile &geo, fa3_krows &kr) {
+    geo = g;
+    if (!valid) {
+        geo.nblocks = -1;
+    } else {
+        kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) + (int64_t)g.tok_k * a.k_stride_seq +
+               (int64_t)fa3_div(a.div_group, g.h) * a.k_stride_head;
+        kr.len_k = g.len_k;
+    }
 }
 
 /* Whether consumer warpgroup w has any of its 64 rows inside the sequence. One that has none (the rows a
@@ -860,6 +904,20 @@ static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], cons
     fa3_pin_scores<BN>(s, factor, l);
 }
 
+/* The LSE of the thread's two rows (seq_row0, seq_row0 + 8 of the sequence), rows < len_q only. */
+static __device__ __forceinline__ void fa3_store_lse(const fa3_args &a, const fa3_tile &g, const float (&lse)[2],
+                                                     int seq_row0, bool varlen) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = seq_row0 + 8 * hh;
+        if (r < g.len_q) {
+            const int64_t idx = varlen ? (int64_t)g.h * a.total_q + g.tok_q + r
+                                       : ((int64_t)g.b * a.heads_q + g.h) * a.seqlen_q + r;
+            a.lse[idx] = lse[hh];
+        }
+    }
+}
+
 /* O / l in 16 bits into a swizzled [D / 64][64][64] shared tile (what the O tensor map's TMA store reads). */
 template <int D, bool BF16>
 static __device__ __forceinline__ void fa3_o_to_smem(const float (&o)[D / 2], const float (&inv)[2], uint32_t s_o,
@@ -1118,14 +1176,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     typedef fa3_cfg<D, BN, NWG, STAGES> C;
     constexpr bool BF16 = fa3_elem_traits<T>::kBF16; /* what the helpers and the wgmma wrappers take */
     constexpr int BM = C::kBlockM;
-    constexpr bool kSkipIdle = NWG == 3; /* warpgroups without rows skip the tile (fa3_wg_has_rows) */
-    /* A lone unmasked block takes a step with compile-time stages, not the general one: +1-2% at head dim 64.
-     * With two consumer warpgroups that step made ptxas serialize the wgmma of the head-dim-128 kernel. */
-    constexpr bool kLoneFast = NWG == 3;
-    /* Tile geometry with magic-number divisions (fa3_divisor): H200 +4-6% up to 1k at head dim 64 (causal 1k
-     * 301 -> 317); with two consumer warpgroups the extra registers made ptxas serialize the head-dim-128
-     * kernel's wgmma. */
-    constexpr bool kFastDiv = NWG == 3;
+    constexpr bool kSkipIdle = C::kSkipIdle, kLoneFast = C::kLoneFast, kFastDiv = C::kFastDiv;
     static_assert(!kSkipIdle || OVERLAP, "skipped tiles and blocks take the turns of the overlapped schedule");
     /* With Q in registers its tile is free once loaded; O must then have tiles of its own. */
     static_assert(!QRS || C::kSeparateO, "Q in registers needs separate O tiles");
@@ -1141,14 +1192,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     const uint32_t bar_v_ready = s_q + C::kOffBar + B::kVReady;
     volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
     volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid); /* -1: no more blocks */
-    /* With three consumer warpgroups the producer publishes each tile's geometry (and its fa3_krows), so that the
-     * consumers take no fa3_sched::tile_get of their own, neither at the tile's start (H200 +1-2% under a causal
-     * mask up to 2k) nor for its epilogue (with the krows from the producer, which every consumer warp's lane 0
-     * wrote at the tile's start before: +2.2% at causal 512, +1.3% at 1k, +0.4-0.6% from 4k). The CTA's tile k
-     * goes into entry k % 4 of a ring: the producer writes it once every consumer thread has taken tile k - 2's
-     * index slot, that is, has finished tile k - 4, whose entry it overwrites. Kept in registers from the tile's
-     * start to its epilogue, the geometry spilled in the hot loop. */
-    constexpr bool kSharedGeo = NWG == 3;
+    constexpr bool kSharedGeo = C::kSharedGeo;
     static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
     fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
     fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows); /* kSharedGeo kernels */
@@ -1184,15 +1228,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 bool valid = false;
                 if (kSharedGeo && tile < a.num_tiles) {
                     valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-                    geo[k & (C::kTileRing - 1)] = g;
-                    if (!valid) {
-                        geo[k & (C::kTileRing - 1)].nblocks = -1;
-                    } else {
-                        fa3_krows &kr = krows[k & (C::kTileRing - 1)];
-                        kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) +
-                               (int64_t)g.tok_k * a.k_stride_seq + (int64_t)fa3_div(a.div_group, g.h) * a.k_stride_head;
-                        kr.len_k = g.len_k;
-                    }
+                    fa3_publish_tile(a, g, valid, varlen, geo[k & (C::kTileRing - 1)], krows[k & (C::kTileRing - 1)]);
                 }
                 hp_mbar_arrive(bar_tile_full + 8 * slot);
                 if (tile >= a.num_tiles) break;
@@ -1241,14 +1277,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 /* The next tile is claimed once this one's loads are out (about STAGES blocks before the consumers
                  * finish it), not when it starts: the SM that frees up first takes the next tile of the order
                  * (measured 1-3% faster at head dim 128). */
-                if (a.tile_counter != nullptr) {
-                    if (k == 0) fa3_sched::counter_wait(a);
-                    const int n = atomicAdd(a.tile_counter, 1);
-                    if (n == a.num_tiles - 1) fa3_sched::counter_retire(a);
-                    claim = (int)gridDim.x + n;
-                } else {
-                    claim += (int)gridDim.x;
-                }
+                claim = fa3_sched::next_claim(a, claim, k == 0);
             }
             if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
                 const int st = fa3_pipe<STAGES>::stage(kv);
@@ -1442,17 +1471,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 lse[hh] = empty ? -INFINITY : (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f;
             }
             const int seq_row0 = row0 - g.shift;
-            if (a.lse != nullptr && quad == 0) {
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int r = seq_row0 + 8 * hh;
-                    if (r < g.len_q) {
-                        const int64_t idx = varlen ? (int64_t)g.h * a.total_q + g.tok_q + r
-                                                              : ((int64_t)g.b * a.heads_q + g.h) * a.seqlen_q + r;
-                        a.lse[idx] = lse[hh];
-                    }
-                }
-            }
+            if (a.lse != nullptr && quad == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
 
             /* O through shared memory and one TMA store (rows past a dense sequence's end fall outside the
              * tensor map and are not written); directly for tiles that saw no key and varlen tiles that reach
