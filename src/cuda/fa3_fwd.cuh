@@ -802,6 +802,21 @@ struct fa3_mask_info {
     int len_k, off; /* key count, and where query 0 sits among the keys */
 };
 
+/* The mask of consumer warpgroup c's rows in tile g: its own 64 rows (OWN_ROWS, the kernels that skip idle
+ * warpgroups), else the whole tile's. */
+template <int BN, bool GENERAL, bool OWN_ROWS>
+static __device__ __forceinline__ fa3_mask_info fa3_mask_info_make(const fa3_args &a, const fa3_tile &g, int c) {
+    fa3_mask_info mi;
+    if (OWN_ROWS)
+        fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, c), min(fa3_wg_row0(g, c) + 63, g.len_q - 1), mi.n_lo,
+                                    mi.n_hi);
+    else
+        fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
+    mi.len_k = g.len_k;
+    mi.off = g.len_k - g.len_q - g.shift;
+    return mi;
+}
+
 template <int BN>
 static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float (&factor)[2], float (&l)[2]) {
 #pragma unroll
@@ -1340,14 +1355,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     continue;
                 }
             }
-            fa3_mask_info mi;
-            if (kSkipIdle)
-                fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, c), min(fa3_wg_row0(g, c) + 63, g.len_q - 1), mi.n_lo,
-                                         mi.n_hi);
-            else
-                fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
-            mi.len_k = g.len_k;
-            mi.off = g.len_k - g.len_q - g.shift;
+            const fa3_mask_info mi = fa3_mask_info_make<BN, GENERAL, kSkipIdle>(a, g, c);
 
             float o[D / 2];
 #pragma unroll
