@@ -1069,6 +1069,32 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     fa3_convert_p<BN, BF16>(s, p);
 }
 
+/* A tile's first key block in the overlapped schedule: Q K(0)^T (with three consumer warpgroups without a turn,
+ * fa3_first_qk_free), its softmax (fa3_first_scores with three) and P(0), then the wait for K(1). */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
+                                                         float (&s)[BN / 2], uint32_t (&p)[BN / 4], float (&m)[2],
+                                                         float (&l)[2], float (&factor)[2], const fa3_args &a,
+                                                         const fa3_mask_info &mi, int n_min, int row0, int lane, int c) {
+    constexpr int kKV = BN * D * 2;
+    const int st0 = fa3_pipe<STAGES>::stage(kv);
+    hp_mbar_wait(r.k_full + 8 * st0, fa3_pipe<STAGES>::phase(kv));
+    if (!fa3_first_qk_free(NWG)) fa3_pp_sync<PINGPONG>(c);
+    fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
+    if (!fa3_first_qk_free(NWG)) fa3_pp_arrive<PINGPONG, NWG>(c, false);
+    hp_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+    FA3_EV(FA3_EV_QK_DONE, 0);
+    fa3_release(r.k_empty + 8 * st0, lane);
+    if constexpr (NWG == 3)
+        fa3_first_scores<D, BN, BF16, QRS, GENERAL>(s, q, r.krows, m, l, a, mi, n_min, row0, lane);
+    else
+        fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, lane % 4);
+    fa3_convert_p<BN, BF16>(s, p);
+    if (nbw > 1) hp_mbar_wait(r.k_full + 8 * fa3_pipe<STAGES>::stage(kv + 1), fa3_pipe<STAGES>::phase(kv + 1));
+}
+
 /* N (1 or 2) blocks from i, neither masked nor softcapped, in steps whose ring stages are compile-time constants
  * (one copy of the code per parity of block i's stage). */
 template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int N>
@@ -1390,24 +1416,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
                         half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
                     }
-                    const int st0 = fa3_pipe<STAGES>::stage(kv);
-                    hp_mbar_wait(bar_k_full + 8 * st0, fa3_pipe<STAGES>::phase(kv));
-                    if (!fa3_first_qk_free(NWG)) fa3_pp_sync<PINGPONG>(c);
-                    fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st0 * C::kKVBytes, 16, 1024));
-                    if (!fa3_first_qk_free(NWG)) fa3_pp_arrive<PINGPONG, NWG>(c, false);
-                    hp_wgmma_wait<0>();
-#pragma unroll
-                    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
-                    FA3_EV(FA3_EV_QK_DONE, 0);
-                    fa3_release(bar_k_empty + 8 * st0, lane);
-                    if constexpr (NWG == 3)
-                        fa3_first_scores<D, BN, BF16, QRS, GENERAL>(s, q, r.krows, m, l, a, mi, n_min, row0,
-                                                                                 lane);
-                    else
-                        fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, quad);
-                    fa3_convert_p<BN, BF16>(s, p);
-                    if (nbw > 1)
-                        hp_mbar_wait(bar_k_full + 8 * fa3_pipe<STAGES>::stage(kv + 1), fa3_pipe<STAGES>::phase(kv + 1));
+                    fa3_overlap_first<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, p, m, l, factor,
+                                                                                   a, mi, n_min, row0, lane, c);
                     /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
                      * compile-time stages, and so does a lone one (kLoneFast; an even block count leaves one after
                      * the tile's first block); the other blocks the general step. */
