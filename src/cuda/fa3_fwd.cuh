@@ -1075,7 +1075,8 @@ template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS
 static __device__ __forceinline__ void fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
                                                          float (&s)[BN / 2], uint32_t (&p)[BN / 4], float (&m)[2],
                                                          float (&l)[2], float (&factor)[2], const fa3_args &a,
-                                                         const fa3_mask_info &mi, int n_min, int row0, int lane, int c) {
+                                                         const fa3_mask_info &mi, int n_min, int row0, int lane,
+                                                         int c) {
     constexpr int kKV = BN * D * 2;
     const int st0 = fa3_pipe<STAGES>::stage(kv);
     hp_mbar_wait(r.k_full + 8 * st0, fa3_pipe<STAGES>::phase(kv));
@@ -1116,6 +1117,36 @@ static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, c
         if (N == 2)
             fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
                                                                         n_min, row0, lane, c);
+    }
+}
+
+/* Key blocks [1, nbw) of a tile in the overlapped schedule. Blocks [fast_lo, fast_hi) need neither mask nor
+ * softcap: pairs of them take the steps with compile-time stages, and so does a lone one (kLoneFast; an even
+ * block count leaves one after the tile's first block); the other blocks the general step. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void fa3_overlap_blocks(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
+                                                          float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
+                                                          float (&m)[2], float (&l)[2], const fa3_args &a,
+                                                          const fa3_mask_info &mi, int n_min, int row0, int lane,
+                                                          int c) {
+    constexpr bool kLoneFast = fa3_cfg<D, BN, NWG, STAGES>::kLoneFast;
+    const int fast_lo = max(1, mi.n_lo - n_min);
+    const int fast_hi = GENERAL && a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
+#pragma unroll 1
+    for (int i = 1; i < nbw;) {
+        if (i >= fast_lo && i + 1 < fast_hi) {
+            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m, l, a,
+                                                                                  mi, n_min, row0, lane, c);
+            i += 2;
+        } else if (kLoneFast && i >= fast_lo && i < fast_hi) {
+            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m, l, a,
+                                                                                  mi, n_min, row0, lane, c);
+            ++i;
+        } else {
+            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m, l, a,
+                                                                                   mi, n_min, row0, lane, c);
+            ++i;
+        }
     }
 }
 
@@ -1174,6 +1205,40 @@ static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_r
     fa3_skip_blocks<NWG, STAGES, PINGPONG>(0, nb, kv, r, lane, c);
     fa3_pp_sync<PINGPONG>(c);
     fa3_pp_arrive<PINGPONG, NWG>(c, true);
+}
+
+/* A tile's key blocks in the overlapped schedule, for consumer warpgroup c: the first block, the steady state,
+ * the last P V, and the blocks past the warpgroup's own rows skipped. q_empty: the warpgroup's Q tile, free once
+ * every Q K^T has completed where O has tiles of its own and Q is read from shared memory. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void fa3_overlap_tile(int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
+                                                        float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
+                                                        float (&m)[2], float (&l)[2], float (&factor)[2],
+                                                        const fa3_args &a, const fa3_tile &g, const fa3_mask_info &mi,
+                                                        int row0, int lane, int c, uint32_t q_empty) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    constexpr bool kSkipIdle = C::kSkipIdle;
+    const int n_min = g.n_min;
+    /* Under a right-bounded mask the rows of the tile's first warpgroups may end before its last key blocks,
+     * which are then masked out for all of them: such a warpgroup stops after its own blocks (nbw) and only takes
+     * its turns through the rest. */
+    int nbw = nb;
+    /* The last block's P V over its first half only (fa3_overlap_tail): one warpgroup in two under a causal mask;
+     * without one, where the last block holds at most BN / 2 keys. */
+    bool half_pv = false;
+    if (kSkipIdle) {
+        const long long hi = fa3_key_end(a, g, min(fa3_wg_row0(g, c) + 63, g.len_q - 1));
+        if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
+        half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
+    }
+    fa3_overlap_first<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, p, m, l, factor, a, mi, n_min,
+                                                                        row0, lane, c);
+    fa3_overlap_blocks<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                         row0, lane, c);
+    /* Every Q K^T of the tile has completed. */
+    if (C::kSeparateO && !QRS) fa3_release(q_empty, lane);
+    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane, c);
+    if constexpr (kSkipIdle) fa3_skip_blocks<NWG, STAGES, PINGPONG>(nbw, nb, kv, r, lane, c);
 }
 
 #endif /* FA_SM90A */
@@ -1404,46 +1469,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
                 }
                 if (OVERLAP) {
-                    /* Under a right-bounded mask the rows of the tile's first warpgroups may end before its last
-                     * key blocks, which are then masked out for all of them: such a warpgroup stops after its
-                     * own blocks (nbw) and only takes its turns through the rest. */
-                    int nbw = nb;
-                    /* The last block's P V over its first half only (fa3_overlap_tail): one warpgroup in two
-                     * under a causal mask; without one, where the last block holds at most BN / 2 keys. */
-                    bool half_pv = false;
-                    if (kSkipIdle) {
-                        const long long hi = fa3_key_end(a, g, min(fa3_wg_row0(g, c) + 63, g.len_q - 1));
-                        if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
-                        half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
-                    }
-                    fa3_overlap_first<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, p, m, l, factor,
-                                                                                   a, mi, n_min, row0, lane, c);
-                    /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
-                     * compile-time stages, and so does a lone one (kLoneFast; an even block count leaves one after
-                     * the tile's first block); the other blocks the general step. */
-                    const int fast_lo = max(1, mi.n_lo - n_min);
-                    const int fast_hi = GENERAL && a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
-#pragma unroll 1
-                    for (int i = 1; i < nbw;) {
-                        if (i >= fast_lo && i + 1 < fast_hi) {
-                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m,
-                                                                                        l, a, mi, n_min, row0, lane, c);
-                            i += 2;
-                        } else if (kLoneFast && i >= fast_lo && i < fast_hi) {
-                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m,
-                                                                                        l, a, mi, n_min, row0, lane, c);
-                            ++i;
-                        } else {
-                            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m,
-                                                                                         l, a, mi, n_min, row0, lane, c);
-                            ++i;
-                        }
-                    }
-                    /* Every Q K^T of the tile has completed. */
-                    if (C::kSeparateO && !QRS) fa3_release(bar_q_empty + 8 * c, lane);
-                    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane,
-                                                                                    c);
-                    if constexpr (kSkipIdle) fa3_skip_blocks<NWG, STAGES, PINGPONG>(nbw, nb, kv, r, lane, c);
+                    fa3_overlap_tile<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(
+                        nb, kv, r, q, s, o, p, m, l, factor, a, g, mi, row0, lane, c, bar_q_empty + 8 * c);
                 } else {
 #pragma unroll 1
                     for (int i = 0; i < nb; ++i) {
