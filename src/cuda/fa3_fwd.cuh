@@ -40,6 +40,15 @@
  * Shared-memory tiles are [D / 64 slabs][rows][64 elements] with the 128-byte swizzle, each 1024-byte aligned.
  * Tensor maps are 5-D {64, rows, D / 64, heads, batch} (batch = 1 and rows = packed tokens for varlen), so
  * one TMA moves a whole [rows x D] tile.
+ *
+ * Parts: fa3_cfg (tile shapes, shared-memory layout, register split, what differs with three consumer
+ * warpgroups), fa3_bar_layout (every barrier's offset, the area's size, initialisation), fa3_pipe (the stage
+ * and barrier parity of a ring's use number), fa3_sched (tile order and claims); for the producer
+ * fa3_publish_tile and fa3_v_fixer; for the consumers fa3_consumer_tile, fa3_mask_info_make, fa3_overlap_tile
+ * (fa3_overlap_first, fa3_overlap_blocks, fa3_overlap_tail, fa3_skip_blocks), fa3_idle_tile and fa3_store_lse.
+ * The producer's load loop, the loop without the overlap and the O store stay in the kernel body: moved into
+ * functions of their own, they changed the order of the compiler's intermediate code and with it ptxas's
+ * register allocation.
  */
 #ifndef FLASHATTN_CUDA_FA3_FWD_CUH
 #define FLASHATTN_CUDA_FA3_FWD_CUH
@@ -1271,6 +1280,22 @@ static __device__ __forceinline__ void fa3_v_fixer(uint32_t s_v, uint32_t bar_v_
     }
 }
 
+/* A consumer's geometry of the tile it took: the producer's copy (three consumer warpgroups; every thread reads
+ * it, then releases the index slot tile_empty), else its own fa3_sched::tile_get. False: the tile starts past
+ * its sequence. */
+template <int D, int BN, int NWG, int STAGES, bool GENERAL>
+static __device__ __forceinline__ bool fa3_consumer_tile(const fa3_args &a, int tile, const fa3_tile &published,
+                                                         uint32_t tile_empty, fa3_tile &g) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    if constexpr (C::kSharedGeo) {
+        g = published;
+        hp_mbar_arrive(tile_empty);
+        return g.nblocks >= 0;
+    } else {
+        return fa3_sched::tile_get<C::kBlockM, BN, C::kSkipIdle, GENERAL, C::kFastDiv>(a, tile, g);
+    }
+}
+
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
 
 template <int D, int BN, int NWG, int STAGES, typename T, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
@@ -1420,13 +1445,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             FA3_EV(FA3_EV_INDEX, tile);
             if (tile >= a.num_tiles) break;
             fa3_tile g;
-            if constexpr (kSharedGeo) {
-                g = geo[k & (C::kTileRing - 1)];
-                hp_mbar_arrive(bar_tile_empty + 8 * slot);
-                if (g.nblocks < 0) continue;
-            } else if (!fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
+            if (!fa3_consumer_tile<D, BN, NWG, STAGES, GENERAL>(a, tile, geo[k & (C::kTileRing - 1)],
+                                                               bar_tile_empty + 8 * slot, g))
                 continue;
-            }
             FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
