@@ -5,8 +5,8 @@
  * A persistent grid (one CTA per SM) walks tiles of kBlockM = 64 * NWG query rows of one (batch, head); tiles
  * come from an atomic counter (or round robin) in head-major order (under a causal mask each head's longest
  * first; where a head's first tile has a single warpgroup's rows, every head's first tile after all the
- * others: fa3_claim_order), or under a causal mask above 1k queries longest first across the heads of an
- * L2-sized section (fa3_tile_get; the host chooses, longest_first_section). With three consumer warpgroups a
+ * others: fa3_sched::claim_order), or under a causal mask above 1k queries longest first across the heads of an
+ * L2-sized section (fa3_sched::tile_get; the host chooses, longest_first_section). With three consumer warpgroups a
  * warpgroup whose 64 rows lie outside the sequence skips the tile (fa3_idle_tile), and under a causal mask the
  * tiles end at the last query, so that the partial tile is the first, shortest one. In a CTA:
  *   warpgroup 0  producer: one thread fetches the next tile index (with three consumer warpgroups it also
@@ -40,6 +40,15 @@
  * Shared-memory tiles are [D / 64 slabs][rows][64 elements] with the 128-byte swizzle, each 1024-byte aligned.
  * Tensor maps are 5-D {64, rows, D / 64, heads, batch} (batch = 1 and rows = packed tokens for varlen), so
  * one TMA moves a whole [rows x D] tile.
+ *
+ * Parts: fa3_cfg (tile shapes, shared-memory layout, register split, what differs with three consumer
+ * warpgroups), fa3_bar_layout (every barrier's offset, the area's size, initialisation), fa3_pipe (the stage
+ * and barrier parity of a ring's use number), fa3_sched (tile order and claims); for the producer
+ * fa3_publish_tile and fa3_v_fixer; for the consumers fa3_consumer_tile, fa3_mask_info_make, fa3_overlap_tile
+ * (fa3_overlap_first, fa3_overlap_blocks, fa3_overlap_tail, fa3_skip_blocks), fa3_idle_tile and fa3_store_lse.
+ * The producer's load loop, the loop without the overlap and the O store stay in the kernel body: moved into
+ * functions of their own, they changed the order of the compiler's intermediate code and with it ptxas's
+ * register allocation.
  */
 #ifndef FLASHATTN_CUDA_FA3_FWD_CUH
 #define FLASHATTN_CUDA_FA3_FWD_CUH
@@ -89,10 +98,10 @@ struct fa3_args {
     const void *k; /* for S computed again where the softmax against the stale max failed (fa3_mma_scores) */
     int64_t k_stride_batch, k_stride_seq, k_stride_head;
     int num_tiles;     /* num_m_blocks * heads_q * batch */
-    int *tile_counter; /* claims past the first wave (fa3_counter_reset); NULL: tiles are dealt round robin */
+    int *tile_counter; /* claims past the first wave (fa3_sched::counter_reset); NULL: tiles are dealt round robin */
     int num_bh;        /* heads_q * batch */
     fa3_divisor div_m_blocks, div_heads, div_group, div_section, div_section_tiles; /* by num_m_blocks, ... */
-    /* fa3_claim_order: claims from first_blocks_claim on take each head's first query block (= num_tiles:
+    /* fa3_sched::claim_order: claims from first_blocks_claim on take each head's first query block (= num_tiles:
      * none do); before it, claim c takes tile c + c / div_head_tiles (num_m_blocks - 1; 2^30: tile c) */
     int first_blocks_claim;
     fa3_divisor div_head_tiles;
@@ -149,23 +158,79 @@ struct fa3_krows {
     int pad;
 };
 
-template <int D, int BN, int NWG, int STAGES>
-struct fa3_cfg {
+/* The ring of barrier-guarded buffers that a use number j falls in (the K stages, the V stages, a warpgroup's Q
+ * tile, the two slots of published tile indices): use j takes stage j % N in round j / N. A barrier's phase
+ * completes once per round, so whoever waits for a stage to be filled waits for the parity of the round and
+ * whoever waits for it to be emptied the opposite parity (the first round's wait for an empty stage passes at
+ * once: the phase "before" the barrier's first counts as completed). Every stage and parity of the kernel comes
+ * from here. The use number is a plain int that its owner counts on: held in a struct, it moved the register
+ * numbering of the PTX, and ptxas's register allocation with it. */
+template <int N>
+struct fa3_pipe {
+    static __device__ __forceinline__ int stage(int j) { return j % N; }
+    static __device__ __forceinline__ uint32_t phase(int j) { return (j / N) & 1; }
+    static __device__ __forceinline__ uint32_t empty_phase(int j) { return ((j / N) & 1) ^ 1; }
+};
+
+/* The shared-memory area after the tiles: the mbarriers (8 bytes each) and what the producer publishes beside
+ * them. Offsets are bytes from the area's start; one layout gives both the addresses and the size. */
+template <int NWG, int STAGES>
+struct fa3_bar_layout {
     static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it (kSharedGeo) */
     static constexpr int kTileRing = 4;  /* entries of the rings of published tiles: tile k in entry k % 4 */
     static_assert((kTileRing & (kTileRing - 1)) == 0, "the ring is indexed by a mask");
+    static constexpr int kQFull = 0;                       /* per consumer warpgroup: its Q tile loaded */
+    static constexpr int kQEmpty = kQFull + 8 * NWG;       /* ... and free again */
+    static constexpr int kKFull = kQEmpty + 8 * NWG;       /* per stage */
+    static constexpr int kKEmpty = kKFull + 8 * STAGES;
+    static constexpr int kVFull = kKEmpty + 8 * STAGES;
+    static constexpr int kVEmpty = kVFull + 8 * STAGES;
+    static constexpr int kTileFull = kVEmpty + 8 * STAGES; /* per slot of the two published tile indices */
+    static constexpr int kTileEmpty = kTileFull + 16;
+    static constexpr int kVReady = kTileEmpty + 16;        /* per V stage: rows past the sequence zeroed (varlen) */
+    static constexpr int kTileIds = kVReady + 8 * STAGES;  /* int[2]: the published tile indices */
+    static constexpr int kVValid = kTileIds + 8;           /* int[STAGES]: rows of each V stage in the sequence */
+    static constexpr int kHeadBytes = kVValid + ((4 * STAGES + 7) / 8) * 8;
+    /* then, with three consumer warpgroups, the rings of tile geometries and of fa3_krows */
+    static constexpr int kGeo = kHeadBytes;
+    static constexpr int kKrows = kGeo + kTileRing * kGeoBytes;
+    static constexpr int kBytes = kHeadBytes + (NWG == 3 ? kTileRing * (kGeoBytes + (int)sizeof(fa3_krows)) : 0);
+
+    /* Every barrier with its arrival count, by one thread before the CTA's first __syncthreads. The tile-index
+     * slots are released per consumer thread where the geometry is published (each thread reads its entry),
+     * else per consumer warp. */
+    static __device__ __forceinline__ void init(uint32_t area, bool shared_geo) {
+        for (int i = 0; i < NWG; ++i) {
+            hp_mbar_init(area + kQFull + 8 * i, 1);
+            hp_mbar_init(area + kQEmpty + 8 * i, 4); /* one arrival per warp of the warpgroup */
+        }
+        for (int i = 0; i < STAGES; ++i) {
+            hp_mbar_init(area + kKFull + 8 * i, 1);
+            hp_mbar_init(area + kVFull + 8 * i, 1);
+            hp_mbar_init(area + kKEmpty + 8 * i, 4 * NWG); /* one arrival per consumer warp */
+            hp_mbar_init(area + kVEmpty + 8 * i, 4 * NWG);
+        }
+        for (int i = 0; i < 2; ++i) {
+            hp_mbar_init(area + kTileFull + 8 * i, 1);
+            hp_mbar_init(area + kTileEmpty + 8 * i, shared_geo ? 128 * NWG : 4 * NWG);
+        }
+        for (int i = 0; i < STAGES; ++i) hp_mbar_init(area + kVReady + 8 * i, 1);
+        hp_fence_barrier_init();
+    }
+};
+
+template <int D, int BN, int NWG, int STAGES>
+struct fa3_cfg {
+    typedef fa3_bar_layout<NWG, STAGES> Bars;
+    static constexpr int kGeoBytes = Bars::kGeoBytes;
+    static constexpr int kTileRing = Bars::kTileRing;
     static constexpr int kBlockM   = 64 * NWG;
     static constexpr int kThreads  = 128 * (NWG + 1);
     static constexpr int kQBytes   = 64 * D * 2; /* one consumer warpgroup's Q (and O) tile */
     static constexpr int kKVBytes  = BN * D * 2; /* one K or V stage */
     static constexpr int kQSlab    = 64 * 128;   /* bytes between the 64-column slabs of a Q tile */
     static constexpr int kKVSlab   = BN * 128;
-    /* Barriers: Q full/empty per consumer warpgroup, K and V full/empty per stage, tile index full/empty x 2,
-     * V ready per stage (varlen); then the two tile indices and the valid-row count of each V stage. */
-    static constexpr int kBarHeadBytes = (2 * NWG + 5 * STAGES + 4) * 8 + 8 + ((4 * STAGES + 7) / 8) * 8;
-    /* then, with three consumer warpgroups, the rings of tile geometries and of fa3_krows */
-    static constexpr int kBarBytes =
-        kBarHeadBytes + (NWG == 3 ? kTileRing * (kGeoBytes + (int)sizeof(fa3_krows)) : 0);
+    static constexpr int kBarBytes = Bars::kBytes;
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
@@ -174,15 +239,53 @@ struct fa3_cfg {
     static constexpr bool kSeparateO = kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
-    static constexpr int kOffGeo = kOffBar + kBarHeadBytes;
-    static constexpr int kOffKrows = kOffGeo + kTileRing * kGeoBytes;
+    static constexpr int kOffGeo = kOffBar + Bars::kGeo;
+    static constexpr int kOffKrows = kOffBar + Bars::kKrows;
     /* Register split: 24 + 2 x 240 or 40 + 2 x 232 = 3 x 168 (384 threads), 32 + 3 x 160 = 4 x 128 (512). With
      * two consumer warpgroups the producer gets 40 registers (its tile loop spills in 24) unless the consumers
      * need the full 240 (head dim 256). */
     static constexpr int kRegsProducer = NWG == 3 ? 32 : (BN > 128 || D > 128 ? 24 : 40);
     static constexpr int kRegsConsumer = NWG == 3 ? 160 : (504 - kRegsProducer) / 2;
+    /* The choices that differ between two and three consumer warpgroups: */
+    static constexpr bool kSkipIdle = NWG == 3; /* warpgroups without rows skip the tile (fa3_wg_has_rows) */
+    /* A lone unmasked block takes a step with compile-time stages, not the general one: +1-2% at head dim 64.
+     * With two consumer warpgroups that step made ptxas serialize the wgmma of the head-dim-128 kernel. */
+    static constexpr bool kLoneFast = NWG == 3;
+    /* Tile geometry with magic-number divisions (fa3_divisor): H200 +4-6% up to 1k at head dim 64 (causal 1k
+     * 301 -> 317); with two consumer warpgroups the extra registers made ptxas serialize the head-dim-128
+     * kernel's wgmma. */
+    static constexpr bool kFastDiv = NWG == 3;
+    /* With three consumer warpgroups the producer publishes each tile's geometry (and its fa3_krows), so that the
+     * consumers take no fa3_sched::tile_get of their own, neither at the tile's start (H200 +1-2% under a causal
+     * mask up to 2k) nor for its epilogue (with the krows from the producer, which every consumer warp's lane 0
+     * wrote at the tile's start before: +2.2% at causal 512, +1.3% at 1k, +0.4-0.6% from 4k). The CTA's tile k
+     * goes into entry k % 4 of a ring: the producer writes it once every consumer thread has taken tile k - 2's
+     * index slot, that is, has finished tile k - 4, whose entry it overwrites. Kept in registers from the tile's
+     * start to its epilogue, the geometry spilled in the hot loop. */
+    static constexpr bool kSharedGeo = NWG == 3;
     static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
+};
+
+/* The 16-bit element type of Q, K, V and O: the kernel's template argument; the launchers pick it by a flag
+ * (fa3_elem), the helpers below and the wgmma wrappers take the flag (fa3_elem_traits). */
+template <bool BF16>
+struct fa3_elem {
+    typedef __nv_bfloat16 type;
+};
+template <>
+struct fa3_elem<false> {
+    typedef __half type;
+};
+template <typename T>
+struct fa3_elem_traits;
+template <>
+struct fa3_elem_traits<__nv_bfloat16> {
+    static constexpr bool kBF16 = true;
+};
+template <>
+struct fa3_elem_traits<__half> {
+    static constexpr bool kBF16 = false;
 };
 
 /* Named barrier ids: 0 is __syncthreads; 1..NWG order GEMM issue (ping-pong); then one per consumer
@@ -245,112 +348,130 @@ static __device__ __forceinline__ long long fa3_key_end(const fa3_args &a, const
     return hi;
 }
 
-/* Decodes tile index -> (b, h, query block); false when the block starts past its (varlen) sequence. The
- * producer and the consumers call this with the same index and so agree on everything. Head-major order (all
- * query blocks of a head, then the next head) unless a.section > 0: then the (batch, head) pairs are taken in
- * sections whose K and V fit in L2 together, and a section's tiles go query block by query block across its
- * heads. With reverse_m (from the last query block, the longest under a causal mask) that hands out the longest
- * tiles first and leaves only short ones for the end of the grid; head-major, the last head's longest tile
- * starts near the end and the other SMs idle while it runs. */
-template <int BM, int BN, bool ALIGN, bool VARLEN, bool FASTDIV>
-static __device__ __forceinline__ bool fa3_tile_get(const fa3_args &a, int tile, fa3_tile &g) {
-    int bh, mi;
-    if (a.section > 0) {
-        const int per_section = a.section * a.num_m_blocks;
-        const int sec = FASTDIV ? fa3_div(a.div_section_tiles, tile) : tile / per_section;
-        const int r = tile - sec * per_section, bh0 = sec * a.section;
-        /* the last section may be short; num_bh = num_tiles / num_m_blocks (the two-warpgroup kernels keep the
-         * divide: taking it out moved ptxas's schedule of their whole loop) */
-        const int n = min(a.section, (FASTDIV ? a.num_bh : a.num_tiles / a.num_m_blocks) - bh0);
-        mi = FASTDIV && n == a.section ? fa3_div(a.div_section, r) : r / n;
-        bh = bh0 + (r - mi * n);
-    } else {
-        bh = FASTDIV ? fa3_div(a.div_m_blocks, tile) : tile / a.num_m_blocks;
-        mi = tile - bh * a.num_m_blocks;
+/* The tile scheduler: which tile a claim stands for and where it lies (tile_get, claim_order), and the tile
+ * counter that hands out the claims past the first wave (counter_reset, counter_wait, counter_retire). The
+ * divisions by run-time sizes take fa3_div. */
+struct fa3_sched {
+    /* Decodes tile index -> (b, h, query block); false when the block starts past its (varlen) sequence. The
+     * producer and the consumers call this with the same index and so agree on everything. Head-major order (all
+     * query blocks of a head, then the next head) unless a.section > 0: then the (batch, head) pairs are taken in
+     * sections whose K and V fit in L2 together, and a section's tiles go query block by query block across its
+     * heads. With reverse_m (from the last query block, the longest under a causal mask) that hands out the longest
+     * tiles first and leaves only short ones for the end of the grid; head-major, the last head's longest tile
+     * starts near the end and the other SMs idle while it runs. */
+    template <int BM, int BN, bool ALIGN, bool VARLEN, bool FASTDIV>
+    static __device__ __forceinline__ bool tile_get(const fa3_args &a, int tile, fa3_tile &g) {
+        int bh, mi;
+        if (a.section > 0) {
+            const int per_section = a.section * a.num_m_blocks;
+            const int sec = FASTDIV ? fa3_div(a.div_section_tiles, tile) : tile / per_section;
+            const int r = tile - sec * per_section, bh0 = sec * a.section;
+            /* the last section may be short; num_bh = num_tiles / num_m_blocks (the two-warpgroup kernels keep the
+             * divide: taking it out moved ptxas's schedule of their whole loop) */
+            const int n = min(a.section, (FASTDIV ? a.num_bh : a.num_tiles / a.num_m_blocks) - bh0);
+            mi = FASTDIV && n == a.section ? fa3_div(a.div_section, r) : r / n;
+            bh = bh0 + (r - mi * n);
+        } else {
+            bh = FASTDIV ? fa3_div(a.div_m_blocks, tile) : tile / a.num_m_blocks;
+            mi = tile - bh * a.num_m_blocks;
+        }
+        const int m_block = a.reverse_m ? a.num_m_blocks - 1 - mi : mi;
+        g.b = FASTDIV ? fa3_div(a.div_heads, bh) : bh / a.heads_q;
+        g.h = bh - g.b * a.heads_q;
+        g.len_q = a.seqlen_q;
+        g.len_k = a.seqlen_k;
+        g.tok_q = g.tok_k = 0;
+        if (VARLEN && a.cu_q != nullptr) {
+            g.tok_q = a.cu_q[g.b];
+            g.tok_k = a.cu_k[g.b];
+            g.len_q = a.cu_q[g.b + 1] - g.tok_q;
+            g.len_k = a.cu_k[g.b + 1] - g.tok_k;
+        }
+        /* Aligned to the end (ALIGN: kernels whose idle warpgroups skip their work), the warpgroups a partial tile
+         * lacks are taken off the first tile: under a causal mask the shortest one, so the tiles are 1-2 key blocks
+         * shorter than with the partial tile last (the longest). */
+        g.m0 = m_block * BM;
+        g.shift = 0;
+        if (ALIGN && a.align_end) {
+            const int tiles_q = (g.len_q + BM - 1) / BM;
+            if (m_block >= tiles_q) return false;
+            g.shift = (tiles_q * BM - g.len_q) / 64 * 64;
+        } else if (g.m0 >= g.len_q) {
+            return false;
+        }
+        const int off = g.len_k - g.len_q; /* query i sits at key position i + off */
+        g.row_last = min(fa3_wg_row0(g, 0) + BM, g.len_q) - 1;
+        long long key_hi = fa3_key_end(a, g, g.row_last), key_lo = 0;
+        /* A first row before row 0 (align_end) gives a lower bound that is only too low: correct, masked per row. */
+        if (a.window_left >= 0) key_lo = max(key_lo, (long long)fa3_wg_row0(g, 0) + off - a.window_left);
+        g.n_min = 0;
+        g.nblocks = 0;
+        if (key_hi > key_lo) {
+            g.n_min = (int)(key_lo / BN);
+            g.nblocks = (int)((key_hi + BN - 1) / BN) - g.n_min;
+        }
+        return true;
     }
-    const int m_block = a.reverse_m ? a.num_m_blocks - 1 - mi : mi;
-    g.b = FASTDIV ? fa3_div(a.div_heads, bh) : bh / a.heads_q;
-    g.h = bh - g.b * a.heads_q;
-    g.len_q = a.seqlen_q;
-    g.len_k = a.seqlen_k;
-    g.tok_q = g.tok_k = 0;
-    if (VARLEN && a.cu_q != nullptr) {
-        g.tok_q = a.cu_q[g.b];
-        g.tok_k = a.cu_k[g.b];
-        g.len_q = a.cu_q[g.b + 1] - g.tok_q;
-        g.len_k = a.cu_k[g.b + 1] - g.tok_k;
+
+    /* The tile counter lives in the caller's workspace, which may hold anything, and is reset inside the kernel
+     * rather than by a memset before the launch (one more operation on the stream; H200, head dim 64: +0.3-0.6%
+     * under a causal mask up to 2k): CTA 0 zeroes it and then publishes the launch's tag beside it; every other CTA
+     * sees the tag before its first claim. A CTA's first tile is blockIdx.x, so by then CTA 0 (the first to be
+     * dispatched) has long passed its reset. That CTA 0 runs while others wait is the assumption of CUB's
+     * decoupled look-back: at most one CTA per SM, dispatched in index order. A reset by whichever CTA comes first
+     * (an atomic exchange per CTA before its first claim) needs none, but measured 0.2-1.3% slower up to 1k at head
+     * dims 64 and 128; one pointer for the counter and the tag (a struct) lost 0.8% at head dim 64 causal 1k
+     * through the consumers' register allocation. */
+    static __device__ __forceinline__ void counter_reset(const fa3_args &a) {
+    #if FA_SM90A
+        asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
+        asm volatile("st.release.gpu.global.b64 [%0], %1;" ::"l"(a.counter_tag), "l"(a.launch_tag) : "memory");
+    #endif
     }
-    /* Aligned to the end (ALIGN: kernels whose idle warpgroups skip their work), the warpgroups a partial tile
-     * lacks are taken off the first tile: under a causal mask the shortest one, so the tiles are 1-2 key blocks
-     * shorter than with the partial tile last (the longest). */
-    g.m0 = m_block * BM;
-    g.shift = 0;
-    if (ALIGN && a.align_end) {
-        const int tiles_q = (g.len_q + BM - 1) / BM;
-        if (m_block >= tiles_q) return false;
-        g.shift = (tiles_q * BM - g.len_q) / 64 * 64;
-    } else if (g.m0 >= g.len_q) {
-        return false;
+
+    /* Every CTA claims until a claim fails, so a launch makes exactly num_tiles claims. The one that returns
+     * num_tiles - 1 is the launch's last access to the counter: it zeroes the counter and the tag. A CUDA graph
+     * replays a launch with the same tag on the same workspace; without this, the next replay's CTAs would see
+     * the tag already published and could claim from the old count before CTA 0 resets it. */
+    static __device__ __forceinline__ void counter_retire(const fa3_args &a) {
+    #if FA_SM90A
+        asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
+        asm volatile("st.relaxed.gpu.global.b64 [%0], 0;" ::"l"(a.counter_tag) : "memory");
+    #endif
     }
-    const int off = g.len_k - g.len_q; /* query i sits at key position i + off */
-    g.row_last = min(fa3_wg_row0(g, 0) + BM, g.len_q) - 1;
-    long long key_hi = fa3_key_end(a, g, g.row_last), key_lo = 0;
-    /* A first row before row 0 (align_end) gives a lower bound that is only too low: correct, masked per row. */
-    if (a.window_left >= 0) key_lo = max(key_lo, (long long)fa3_wg_row0(g, 0) + off - a.window_left);
-    g.n_min = 0;
-    g.nblocks = 0;
-    if (key_hi > key_lo) {
-        g.n_min = (int)(key_lo / BN);
-        g.nblocks = (int)((key_hi + BN - 1) / BN) - g.n_min;
+
+    static __device__ __forceinline__ void counter_wait(const fa3_args &a) {
+    #if FA_SM90A
+        unsigned long long tag;
+        do {
+            asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(tag) : "l"(a.counter_tag) : "memory");
+        } while (tag != a.launch_tag);
+    #endif
     }
-    return true;
-}
 
-/* The tile counter lives in the caller's workspace, which may hold anything, and is reset inside the kernel
- * rather than by a memset before the launch (one more operation on the stream; H200, head dim 64: +0.3-0.6%
- * under a causal mask up to 2k): CTA 0 zeroes it and then publishes the launch's tag beside it; every other CTA
- * sees the tag before its first claim. A CTA's first tile is blockIdx.x, so by then CTA 0 (the first to be
- * dispatched) has long passed its reset. That CTA 0 runs while others wait is the assumption of CUB's
- * decoupled look-back: at most one CTA per SM, dispatched in index order. A reset by whichever CTA comes first
- * (an atomic exchange per CTA before its first claim) needs none, but measured 0.2-1.3% slower up to 1k at head
- * dims 64 and 128; one pointer for the counter and the tag (a struct) lost 0.8% at head dim 64 causal 1k
- * through the consumers' register allocation. */
-static __device__ __forceinline__ void fa3_counter_reset(const fa3_args &a) {
-#if FA_SM90A
-    asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
-    asm volatile("st.release.gpu.global.b64 [%0], %1;" ::"l"(a.counter_tag), "l"(a.launch_tag) : "memory");
-#endif
-}
+    /* The tile that the producer's claim number `claim` stands for: the same, or (head-major order, reverse_m, set
+     * by the host where a head's first query block is its shortest tile by far) each head's other query blocks
+     * first and every head's first query block after all of those, so that the grid ends with short tiles. The
+     * tile index c of head-major order is bh * num_m_blocks + mi; the first part's claim c = bh * (num_m_blocks - 1)
+     * + mi maps to c + bh. Only the producer maps; the consumers decode the tile index it publishes. */
+    static __device__ __forceinline__ int next_claim(const fa3_args &a, int claim, bool first);
+    static __device__ __forceinline__ int claim_order(const fa3_args &a, int claim) {
+        if (claim >= a.num_tiles) return claim;
+        return claim < a.first_blocks_claim ? claim + fa3_div(a.div_head_tiles, claim)
+                                            : (claim - a.first_blocks_claim + 1) * a.num_m_blocks - 1;
+    }
+};
 
-/* Every CTA claims until a claim fails, so a launch makes exactly num_tiles claims. The one that returns
- * num_tiles - 1 is the launch's last access to the counter: it zeroes the counter and the tag. A CUDA graph
- * replays a launch with the same tag on the same workspace; without this, the next replay's CTAs would see
- * the tag already published and could claim from the old count before CTA 0 resets it. */
-static __device__ __forceinline__ void fa3_counter_retire(const fa3_args &a) {
-#if FA_SM90A
-    asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
-    asm volatile("st.relaxed.gpu.global.b64 [%0], 0;" ::"l"(a.counter_tag) : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void fa3_counter_wait(const fa3_args &a) {
-#if FA_SM90A
-    unsigned long long tag;
-    do {
-        asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(tag) : "l"(a.counter_tag) : "memory");
-    } while (tag != a.launch_tag);
-#endif
-}
-
-/* The tile that the producer's claim number `claim` stands for: the same, or (head-major order, reverse_m, set
- * by the host where a head's first query block is its shortest tile by far) each head's other query blocks
- * first and every head's first query block after all of those, so that the grid ends with short tiles. The
- * tile index c of head-major order is bh * num_m_blocks + mi; the first part's claim c = bh * (num_m_blocks - 1)
- * + mi maps to c + bh. Only the producer maps; the consumers decode the tile index it publishes. */
-static __device__ __forceinline__ int fa3_claim_order(const fa3_args &a, int claim) {
-    if (claim >= a.num_tiles) return claim;
-    return claim < a.first_blocks_claim ? claim + fa3_div(a.div_head_tiles, claim)
-                                        : (claim - a.first_blocks_claim + 1) * a.num_m_blocks - 1;
+/* The producer's claim after `claim`: from the counter (`first`: the CTA's first claim from it waits for the
+ * counter's reset), or round robin. */
+__device__ __forceinline__ int fa3_sched::next_claim(const fa3_args &a, int claim, bool first) {
+    if (a.tile_counter != nullptr) {
+        if (first) counter_wait(a);
+        const int n = atomicAdd(a.tile_counter, 1);
+        if (n == a.num_tiles - 1) counter_retire(a);
+        return (int)gridDim.x + n;
+    }
+    return claim + (int)gridDim.x;
 }
 
 /* Key blocks n with n_lo <= n < n_hi need no mask for query rows [first, last]: they end inside len_k and inside
@@ -374,6 +495,20 @@ static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const f
     }
     n_lo = (int)lo;
     n_hi = (int)hi;
+}
+
+/* The producer's copy of a tile's geometry and fa3_krows for the consumers (three consumer warpgroups);
+ * nblocks = -1 marks a tile that starts past its sequence. */
+static __device__ __forceinline__ void fa3_publish_tile(const fa3_args &a, const fa3_tile &g, bool valid, bool varlen,
+                                                        fa3_tile &geo, fa3_krows &kr) {
+    geo = g;
+    if (!valid) {
+        geo.nblocks = -1;
+    } else {
+        kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) + (int64_t)g.tok_k * a.k_stride_seq +
+               (int64_t)fa3_div(a.div_group, g.h) * a.k_stride_head;
+        kr.len_k = g.len_k;
+    }
 }
 
 /* Whether consumer warpgroup w has any of its 64 rows inside the sequence. One that has none (the rows a
@@ -676,6 +811,21 @@ struct fa3_mask_info {
     int len_k, off; /* key count, and where query 0 sits among the keys */
 };
 
+/* The mask of consumer warpgroup c's rows in tile g: its own 64 rows (OWN_ROWS, the kernels that skip idle
+ * warpgroups), else the whole tile's. */
+template <int BN, bool GENERAL, bool OWN_ROWS>
+static __device__ __forceinline__ fa3_mask_info fa3_mask_info_make(const fa3_args &a, const fa3_tile &g, int c) {
+    fa3_mask_info mi;
+    if (OWN_ROWS)
+        fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, c), min(fa3_wg_row0(g, c) + 63, g.len_q - 1), mi.n_lo,
+                                    mi.n_hi);
+    else
+        fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
+    mi.len_k = g.len_k;
+    mi.off = g.len_k - g.len_q - g.shift;
+    return mi;
+}
+
 template <int BN>
 static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float (&factor)[2], float (&l)[2]) {
 #pragma unroll
@@ -778,6 +928,20 @@ static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], cons
     fa3_pin_scores<BN>(s, factor, l);
 }
 
+/* The LSE of the thread's two rows (seq_row0, seq_row0 + 8 of the sequence), rows < len_q only. */
+static __device__ __forceinline__ void fa3_store_lse(const fa3_args &a, const fa3_tile &g, const float (&lse)[2],
+                                                     int seq_row0, bool varlen) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = seq_row0 + 8 * hh;
+        if (r < g.len_q) {
+            const int64_t idx = varlen ? (int64_t)g.h * a.total_q + g.tok_q + r
+                                       : ((int64_t)g.b * a.heads_q + g.h) * a.seqlen_q + r;
+            a.lse[idx] = lse[hh];
+        }
+    }
+}
+
 /* O / l in 16 bits into a swizzled [D / 64][64][64] shared tile (what the O tensor map's TMA store reads). */
 template <int D, bool BF16>
 static __device__ __forceinline__ void fa3_o_to_smem(const float (&o)[D / 2], const float (&inv)[2], uint32_t s_o,
@@ -870,10 +1034,11 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
                                                         int c) {
     static_assert(KST < 0 || STAGES == 2, "compile-time stages need a two-stage ring");
     constexpr int kKV = BN * D * 2;
-    const int j = kv + i, st = KST < 0 ? j % STAGES : KST, sp = KST < 0 ? (j - 1) % STAGES : KST ^ 1;
+    const int j = kv + i; /* K(i); V(i - 1) is use j - 1 */
+    const int st = KST < 0 ? fa3_pipe<STAGES>::stage(j) : KST, sp = KST < 0 ? fa3_pipe<STAGES>::stage(j - 1) : KST ^ 1;
     fa3_pp_sync<PINGPONG>(c); /* K(i) has landed: waited for one block earlier */
     fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
-    hp_mbar_wait(r.v_full + 8 * sp, ((j - 1) / STAGES) & 1);
+    hp_mbar_wait(r.v_full + 8 * sp, fa3_pipe<STAGES>::phase(j - 1));
     fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + sp * kKV, BN * 128, 1024));
     fa3_pp_arrive<PINGPONG, NWG>(c, false);
     hp_wgmma_wait<1>();
@@ -896,7 +1061,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     }
     /* Waiting for the next K block here (it is needed next anyway) puts a loop between the softmax and the
      * wait below; otherwise ptxas hoists that wait above the softmax and P V(i - 1) no longer overlaps it. */
-    if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * ((j + 1) % STAGES), ((j + 1) / STAGES) & 1);
+    if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * fa3_pipe<STAGES>::stage(j + 1), fa3_pipe<STAGES>::phase(j + 1));
     hp_wgmma_wait<0>();
     fa3_pv_done<D, BN>(o, p);
     FA3_EV(FA3_EV_PV_DONE, i);
@@ -913,6 +1078,33 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     fa3_convert_p<BN, BF16>(s, p);
 }
 
+/* A tile's first key block in the overlapped schedule: Q K(0)^T (with three consumer warpgroups without a turn,
+ * fa3_first_qk_free), its softmax (fa3_first_scores with three) and P(0), then the wait for K(1). */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
+                                                         float (&s)[BN / 2], uint32_t (&p)[BN / 4], float (&m)[2],
+                                                         float (&l)[2], float (&factor)[2], const fa3_args &a,
+                                                         const fa3_mask_info &mi, int n_min, int row0, int lane,
+                                                         int c) {
+    constexpr int kKV = BN * D * 2;
+    const int st0 = fa3_pipe<STAGES>::stage(kv);
+    hp_mbar_wait(r.k_full + 8 * st0, fa3_pipe<STAGES>::phase(kv));
+    if (!fa3_first_qk_free(NWG)) fa3_pp_sync<PINGPONG>(c);
+    fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
+    if (!fa3_first_qk_free(NWG)) fa3_pp_arrive<PINGPONG, NWG>(c, false);
+    hp_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+    FA3_EV(FA3_EV_QK_DONE, 0);
+    fa3_release(r.k_empty + 8 * st0, lane);
+    if constexpr (NWG == 3)
+        fa3_first_scores<D, BN, BF16, QRS, GENERAL>(s, q, r.krows, m, l, a, mi, n_min, row0, lane);
+    else
+        fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, lane % 4);
+    fa3_convert_p<BN, BF16>(s, p);
+    if (nbw > 1) hp_mbar_wait(r.k_full + 8 * fa3_pipe<STAGES>::stage(kv + 1), fa3_pipe<STAGES>::phase(kv + 1));
+}
+
 /* N (1 or 2) blocks from i, neither masked nor softcapped, in steps whose ring stages are compile-time constants
  * (one copy of the code per parity of block i's stage). */
 template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int N>
@@ -922,7 +1114,7 @@ static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, c
                                                         const fa3_mask_info &mi, int n_min, int row0, int lane,
                                                         int c) {
     static_assert(N == 1 || N == 2, "one or two blocks");
-    if ((kv + i) & 1) {
+    if (fa3_pipe<STAGES>::stage(kv + i) != 0) {
         fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
                                                                     lane, c);
         if (N == 2)
@@ -937,13 +1129,44 @@ static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, c
     }
 }
 
+/* Key blocks [1, nbw) of a tile in the overlapped schedule. Blocks [fast_lo, fast_hi) need neither mask nor
+ * softcap: pairs of them take the steps with compile-time stages, and so does a lone one (kLoneFast; an even
+ * block count leaves one after the tile's first block); the other blocks the general step. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void fa3_overlap_blocks(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
+                                                          float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
+                                                          float (&m)[2], float (&l)[2], const fa3_args &a,
+                                                          const fa3_mask_info &mi, int n_min, int row0, int lane,
+                                                          int c) {
+    constexpr bool kLoneFast = fa3_cfg<D, BN, NWG, STAGES>::kLoneFast;
+    const int fast_lo = max(1, mi.n_lo - n_min);
+    const int fast_hi = GENERAL && a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
+#pragma unroll 1
+    for (int i = 1; i < nbw;) {
+        if (i >= fast_lo && i + 1 < fast_hi) {
+            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m, l, a,
+                                                                                  mi, n_min, row0, lane, c);
+            i += 2;
+        } else if (kLoneFast && i >= fast_lo && i < fast_hi) {
+            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m, l, a,
+                                                                                  mi, n_min, row0, lane, c);
+            ++i;
+        } else {
+            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m, l, a,
+                                                                                   mi, n_min, row0, lane, c);
+            ++i;
+        }
+    }
+}
+
 /* The last P V of a tile (overlapped schedule). half (with HALF): no row sees the block's second half, so P is
  * zero there and the P V takes the first half of the keys only. */
 template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool HALF>
 static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa3_ring &r, float (&o)[D / 2],
                                                         uint32_t (&p)[BN / 4], bool half, int lane, int c) {
-    const int j = kv + nb - 1, sl = j % STAGES;
-    hp_mbar_wait(r.v_full + 8 * sl, (j / STAGES) & 1);
+    const int j = kv + nb - 1;
+    const int sl = fa3_pipe<STAGES>::stage(j);
+    hp_mbar_wait(r.v_full + 8 * sl, fa3_pipe<STAGES>::phase(j));
     fa3_pp_sync<PINGPONG>(c);
     const uint64_t desc_v = hp_desc_sw128(r.s_v + sl * (BN * D * 2), BN * 128, 1024);
     if (HALF && half)
@@ -970,8 +1193,9 @@ static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, c
             fa3_pp_sync<PINGPONG>(c);
             fa3_pp_arrive<PINGPONG, NWG>(c, false);
         }
-        const int j = kv + i, st = j % STAGES;
-        const uint32_t parity = (j / STAGES) & 1;
+        const int j = kv + i;
+        const int st = fa3_pipe<STAGES>::stage(j);
+        const uint32_t parity = fa3_pipe<STAGES>::phase(j);
         hp_mbar_wait(r.k_full + 8 * st, parity);
         fa3_release(r.k_empty + 8 * st, lane);
         hp_mbar_wait(r.v_full + 8 * st, parity);
@@ -992,26 +1216,98 @@ static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_r
     fa3_pp_arrive<PINGPONG, NWG>(c, true);
 }
 
+/* A tile's key blocks in the overlapped schedule, for consumer warpgroup c: the first block, the steady state,
+ * the last P V, and the blocks past the warpgroup's own rows skipped. q_empty: the warpgroup's Q tile, free once
+ * every Q K^T has completed where O has tiles of its own and Q is read from shared memory. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void fa3_overlap_tile(int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
+                                                        float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
+                                                        float (&m)[2], float (&l)[2], float (&factor)[2],
+                                                        const fa3_args &a, const fa3_tile &g, const fa3_mask_info &mi,
+                                                        int row0, int lane, int c, uint32_t q_empty) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    constexpr bool kSkipIdle = C::kSkipIdle;
+    const int n_min = g.n_min;
+    /* Under a right-bounded mask the rows of the tile's first warpgroups may end before its last key blocks,
+     * which are then masked out for all of them: such a warpgroup stops after its own blocks (nbw) and only takes
+     * its turns through the rest. */
+    int nbw = nb;
+    /* The last block's P V over its first half only (fa3_overlap_tail): one warpgroup in two under a causal mask;
+     * without one, where the last block holds at most BN / 2 keys. */
+    bool half_pv = false;
+    if (kSkipIdle) {
+        const long long hi = fa3_key_end(a, g, min(fa3_wg_row0(g, c) + 63, g.len_q - 1));
+        if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
+        half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
+    }
+    fa3_overlap_first<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, p, m, l, factor, a, mi, n_min,
+                                                                        row0, lane, c);
+    fa3_overlap_blocks<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                         row0, lane, c);
+    /* Every Q K^T of the tile has completed. */
+    if (C::kSeparateO && !QRS) fa3_release(q_empty, lane);
+    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane, c);
+    if constexpr (kSkipIdle) fa3_skip_blocks<NWG, STAGES, PINGPONG>(nbw, nb, kv, r, lane, c);
+}
+
 #endif /* FA_SM90A */
+
+/* Warpgroup 0's second warp in a varlen batch: every V block in ring order; zero the rows past the sequence, then
+ * mark the block ready. The rows of a V block past its sequence belong to the next sequence or to the padding
+ * after the last one, which may hold anything (NaN), and 0 * NaN in P V would poison O. */
+template <int D, int BN, int NWG, int STAGES>
+static __device__ __forceinline__ void fa3_v_fixer(uint32_t s_v, uint32_t bar_v_full, uint32_t bar_v_ready,
+                                                   volatile const int *v_valid) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    const int lane = threadIdx.x % 32;
+    for (int j = 0;; ++j) {
+        const int st = fa3_pipe<STAGES>::stage(j);
+        hp_mbar_wait(bar_v_full + 8 * st, fa3_pipe<STAGES>::phase(j));
+        const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0); /* as tile_ids */
+        if (valid < 0) break;
+        if (valid < BN) {
+            const uint32_t base = s_v + st * C::kKVBytes;
+            const int per_slab = (BN - valid) * 8; /* 16-byte chunks of the dead rows of one 64-column slab */
+            for (int x = lane; x < per_slab * (D / 64); x += 32) {
+                const int slab = x / per_slab, rem = x - slab * per_slab;
+                const uint32_t addr = base + slab * C::kKVSlab + (valid + rem / 8) * 128 + (rem % 8) * 16;
+                asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
+            }
+            hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote */
+        }
+        __syncwarp();
+        if (lane == 0) hp_mbar_arrive(bar_v_ready + 8 * st);
+    }
+}
+
+/* A consumer's geometry of the tile it took: the producer's copy (three consumer warpgroups; every thread reads
+ * it, then releases the index slot tile_empty), else its own fa3_sched::tile_get. False: the tile starts past
+ * its sequence. */
+template <int D, int BN, int NWG, int STAGES, bool GENERAL>
+static __device__ __forceinline__ bool fa3_consumer_tile(const fa3_args &a, int tile, const fa3_tile &published,
+                                                         uint32_t tile_empty, fa3_tile &g) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    if constexpr (C::kSharedGeo) {
+        g = published;
+        hp_mbar_arrive(tile_empty);
+        return g.nblocks >= 0;
+    } else {
+        return fa3_sched::tile_get<C::kBlockM, BN, C::kSkipIdle, GENERAL, C::kFastDiv>(a, tile, g);
+    }
+}
 
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
 
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, int STAGES, typename T, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                    const __grid_constant__ fa3_args a) {
 #if FA_SM90A
     typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    constexpr bool BF16 = fa3_elem_traits<T>::kBF16; /* what the helpers and the wgmma wrappers take */
     constexpr int BM = C::kBlockM;
-    constexpr bool kSkipIdle = NWG == 3; /* warpgroups without rows skip the tile (fa3_wg_has_rows) */
-    /* A lone unmasked block takes a step with compile-time stages, not the general one: +1-2% at head dim 64.
-     * With two consumer warpgroups that step made ptxas serialize the wgmma of the head-dim-128 kernel. */
-    constexpr bool kLoneFast = NWG == 3;
-    /* Tile geometry with magic-number divisions (fa3_divisor): H200 +4-6% up to 1k at head dim 64 (causal 1k
-     * 301 -> 317); with two consumer warpgroups the extra registers made ptxas serialize the head-dim-128
-     * kernel's wgmma. */
-    constexpr bool kFastDiv = NWG == 3;
+    constexpr bool kSkipIdle = C::kSkipIdle, kLoneFast = C::kLoneFast, kFastDiv = C::kFastDiv;
     static_assert(!kSkipIdle || OVERLAP, "skipped tiles and blocks take the turns of the overlapped schedule");
     /* With Q in registers its tile is free once loaded; O must then have tiles of its own. */
     static_assert(!QRS || C::kSeparateO, "Q in registers needs separate O tiles");
@@ -1019,21 +1315,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
     const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV;
     const uint32_t s_obuf = s_q + C::kOffO; /* the O tiles, when kSeparateO */
-    const uint32_t bar_q_full = s_q + C::kOffBar, bar_q_empty = bar_q_full + NWG * 8;
-    const uint32_t bar_k_full = bar_q_empty + NWG * 8, bar_k_empty = bar_k_full + STAGES * 8;
-    const uint32_t bar_v_full = bar_k_empty + STAGES * 8, bar_v_empty = bar_v_full + STAGES * 8;
-    const uint32_t bar_tile_full = bar_v_empty + STAGES * 8, bar_tile_empty = bar_tile_full + 16;
-    const uint32_t bar_v_ready = bar_tile_empty + 16;
-    volatile int *tile_ids = (volatile int *)(smem + (bar_v_ready + STAGES * 8 - s_q));
-    volatile int *v_valid = tile_ids + 2; /* rows of each V stage inside the sequence; -1: no more blocks */
-    /* With three consumer warpgroups the producer publishes each tile's geometry (and its fa3_krows), so that the
-     * consumers take no fa3_tile_get of their own, neither at the tile's start (H200 +1-2% under a causal mask up
-     * to 2k) nor for its epilogue (with the krows from the producer, which every consumer warp's lane 0 wrote at
-     * the tile's start before: +2.2% at causal 512, +1.3% at 1k, +0.4-0.6% from 4k). The CTA's tile k goes into
-     * entry k % 4 of a ring: the producer writes it once every consumer thread has taken tile k - 2's index
-     * slot, that is, has finished tile k - 4, whose entry it overwrites. Kept in registers from the tile's start
-     * to its epilogue, the geometry spilled in the hot loop. */
-    constexpr bool kSharedGeo = NWG == 3;
+    typedef typename C::Bars B;
+    const uint32_t bar_q_full = s_q + C::kOffBar + B::kQFull, bar_q_empty = s_q + C::kOffBar + B::kQEmpty;
+    const uint32_t bar_k_full = s_q + C::kOffBar + B::kKFull, bar_k_empty = s_q + C::kOffBar + B::kKEmpty;
+    const uint32_t bar_v_full = s_q + C::kOffBar + B::kVFull, bar_v_empty = s_q + C::kOffBar + B::kVEmpty;
+    const uint32_t bar_tile_full = s_q + C::kOffBar + B::kTileFull, bar_tile_empty = s_q + C::kOffBar + B::kTileEmpty;
+    const uint32_t bar_v_ready = s_q + C::kOffBar + B::kVReady;
+    volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
+    volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid); /* -1: no more blocks */
+    constexpr bool kSharedGeo = C::kSharedGeo;
     static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
     fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
     fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows); /* kSharedGeo kernels */
@@ -1044,24 +1334,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
      * for the TMA (V "full"); past len_k inside the tensor TMA's own zero fill does the same for dense batches. */
     const uint32_t bar_v_wait = varlen ? bar_v_ready : bar_v_full;
 
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < NWG; ++i) {
-            hp_mbar_init(bar_q_full + 8 * i, 1);
-            hp_mbar_init(bar_q_empty + 8 * i, 4); /* one arrival per warp of the warpgroup */
-        }
-        for (int i = 0; i < STAGES; ++i) {
-            hp_mbar_init(bar_k_full + 8 * i, 1);
-            hp_mbar_init(bar_v_full + 8 * i, 1);
-            hp_mbar_init(bar_k_empty + 8 * i, 4 * NWG); /* one arrival per consumer warp */
-            hp_mbar_init(bar_v_empty + 8 * i, 4 * NWG);
-        }
-        for (int i = 0; i < 2; ++i) {
-            hp_mbar_init(bar_tile_full + 8 * i, 1);
-            hp_mbar_init(bar_tile_empty + 8 * i, kSharedGeo ? 128 * NWG : 4 * NWG); /* per thread / per warp */
-        }
-        for (int i = 0; i < STAGES; ++i) hp_mbar_init(bar_v_ready + 8 * i, 1);
-        hp_fence_barrier_init();
-    }
+    if (threadIdx.x == 0) B::init(s_q + C::kOffBar, kSharedGeo);
 #if FA3_TRACE
     if (threadIdx.x < 4) fa3_trace_n[threadIdx.x] = 0;
 #endif
@@ -1074,40 +1347,33 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             hp_prefetch_tensor_map(&tm_q);
             hp_prefetch_tensor_map(&tm_k);
             hp_prefetch_tensor_map(&tm_v);
-            if (a.tile_counter != nullptr && blockIdx.x == 0) fa3_counter_reset(a);
+            if (a.tile_counter != nullptr && blockIdx.x == 0) fa3_sched::counter_reset(a);
             int claim = blockIdx.x, kv = 0, q_loads = 0;
             for (int k = 0;; ++k) {
-                const int tile = kSharedGeo ? fa3_claim_order(a, claim) : claim;
+                const int tile = kSharedGeo ? fa3_sched::claim_order(a, claim) : claim;
                 /* Publish the tile index (double-buffered) to the consumers. */
-                const int slot = k & 1;
-                hp_mbar_wait(bar_tile_empty + 8 * slot, ((k >> 1) & 1) ^ 1);
+                const int slot = fa3_pipe<2>::stage(k);
+                hp_mbar_wait(bar_tile_empty + 8 * slot, fa3_pipe<2>::empty_phase(k));
                 tile_ids[slot] = tile;
                 fa3_tile g;
                 bool valid = false;
                 if (kSharedGeo && tile < a.num_tiles) {
-                    valid = fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-                    geo[k & (C::kTileRing - 1)] = g;
-                    if (!valid) {
-                        geo[k & (C::kTileRing - 1)].nblocks = -1;
-                    } else {
-                        fa3_krows &kr = krows[k & (C::kTileRing - 1)];
-                        kr.k = (const uint16_t *)a.k + (varlen ? 0 : g.b * a.k_stride_batch) +
-                               (int64_t)g.tok_k * a.k_stride_seq + (int64_t)fa3_div(a.div_group, g.h) * a.k_stride_head;
-                        kr.len_k = g.len_k;
-                    }
+                    valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+                    fa3_publish_tile(a, g, valid, varlen, geo[k & (C::kTileRing - 1)], krows[k & (C::kTileRing - 1)]);
                 }
                 hp_mbar_arrive(bar_tile_full + 8 * slot);
                 if (tile >= a.num_tiles) break;
                 FA3_EV(FA3_EV_PTILE, tile);
-                if (!kSharedGeo) valid = fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+                if (!kSharedGeo) valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
                 if (valid && g.nblocks > 0) {
                     const int bq = varlen ? 0 : g.b, hk = kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
                     /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
                      * The first K block goes before Q, which may wait for the previous tile's epilogue. */
                     for (int i = 0; i <= g.nblocks; ++i) {
                         if (i < g.nblocks) {
-                            const int j = kv + i, st = j % STAGES;
-                            hp_mbar_wait(bar_k_empty + 8 * st, ((j / STAGES) & 1) ^ 1);
+                            const int j = kv + i;
+                            const int st = fa3_pipe<STAGES>::stage(j);
+                            hp_mbar_wait(bar_k_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
                             FA3_EV(FA3_EV_KLOAD, i);
                             hp_mbar_arrive_expect_tx(bar_k_full + 8 * st, C::kKVBytes);
                             hp_tma_load_5d(s_k + st * C::kKVBytes, &tm_k, bar_k_full + 8 * st, 0,
@@ -1115,7 +1381,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                         }
                         if (i == 0) {
                             for (int w = 0; w < NWG; ++w) {
-                                hp_mbar_wait(bar_q_empty + 8 * w, (q_loads & 1) ^ 1);
+                                hp_mbar_wait(bar_q_empty + 8 * w, fa3_pipe<1>::empty_phase(q_loads));
                                 if (!kSkipIdle || fa3_wg_has_rows(g, w)) {
                                     hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
                                     hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
@@ -1127,8 +1393,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                             }
                             ++q_loads;
                         } else {
-                            const int j = kv + i - 1, st = j % STAGES;
-                            hp_mbar_wait(bar_v_empty + 8 * st, ((j / STAGES) & 1) ^ 1);
+                            const int j = kv + i - 1;
+                            const int st = fa3_pipe<STAGES>::stage(j);
+                            hp_mbar_wait(bar_v_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
                             FA3_EV(FA3_EV_VLOAD, i - 1);
                             v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
                             hp_mbar_arrive_expect_tx(bar_v_full + 8 * st, C::kKVBytes);
@@ -1141,42 +1408,16 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 /* The next tile is claimed once this one's loads are out (about STAGES blocks before the consumers
                  * finish it), not when it starts: the SM that frees up first takes the next tile of the order
                  * (measured 1-3% faster at head dim 128). */
-                if (a.tile_counter != nullptr) {
-                    if (k == 0) fa3_counter_wait(a);
-                    const int n = atomicAdd(a.tile_counter, 1);
-                    if (n == a.num_tiles - 1) fa3_counter_retire(a);
-                    claim = (int)gridDim.x + n;
-                } else {
-                    claim += (int)gridDim.x;
-                }
+                claim = fa3_sched::next_claim(a, claim, k == 0);
             }
             if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
-                const int st = kv % STAGES;
-                hp_mbar_wait(bar_v_empty + 8 * st, ((kv / STAGES) & 1) ^ 1);
+                const int st = fa3_pipe<STAGES>::stage(kv);
+                hp_mbar_wait(bar_v_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(kv));
                 v_valid[st] = -1;
                 hp_mbar_arrive(bar_v_full + 8 * st);
             }
         } else if (varlen && threadIdx.x / 32 == 1) {
-            /* The V fixer: every V block in ring order; zero the rows past the sequence, then mark it ready. */
-            const int lane = threadIdx.x % 32;
-            for (int j = 0;; ++j) {
-                const int st = j % STAGES;
-                hp_mbar_wait(bar_v_full + 8 * st, (j / STAGES) & 1);
-                const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0); /* as tile_ids */
-                if (valid < 0) break;
-                if (valid < BN) {
-                    const uint32_t base = s_v + st * C::kKVBytes;
-                    const int per_slab = (BN - valid) * 8; /* 16-byte chunks of the dead rows of one 64-column slab */
-                    for (int x = lane; x < per_slab * (D / 64); x += 32) {
-                        const int slab = x / per_slab, rem = x - slab * per_slab;
-                        const uint32_t addr = base + slab * C::kKVSlab + (valid + rem / 8) * 128 + (rem % 8) * 16;
-                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
-                    }
-                    hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote */
-                }
-                __syncwarp();
-                if (lane == 0) hp_mbar_arrive(bar_v_ready + 8 * st);
-            }
+            fa3_v_fixer<D, BN, NWG, STAGES>(s_v, bar_v_full, bar_v_ready, v_valid);
         }
     } else {
         hp_setmaxnreg_inc<C::kRegsConsumer>();
@@ -1188,9 +1429,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
         if (fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
 
         for (int k = 0;; ++k) {
-            const int slot = k & 1;
+            const int slot = fa3_pipe<2>::stage(k);
             FA3_EV(FA3_EV_SLOT_WAIT, 0);
-            hp_mbar_wait(bar_tile_full + 8 * slot, (k >> 1) & 1);
+            hp_mbar_wait(bar_tile_full + 8 * slot, fa3_pipe<2>::phase(k));
             FA3_EV(FA3_EV_SLOT, 0);
             /* Lane 0 reads the index slot and releases it, so that the read is ordered before the release in one
              * thread; the warp gets the index by shuffle. With the geometry published (kSharedGeo) every lane
@@ -1204,13 +1445,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             FA3_EV(FA3_EV_INDEX, tile);
             if (tile >= a.num_tiles) break;
             fa3_tile g;
-            if constexpr (kSharedGeo) {
-                g = geo[k & (C::kTileRing - 1)];
-                hp_mbar_arrive(bar_tile_empty + 8 * slot);
-                if (g.nblocks < 0) continue;
-            } else if (!fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g)) {
+            if (!fa3_consumer_tile<D, BN, NWG, STAGES, GENERAL>(a, tile, geo[k & (C::kTileRing - 1)],
+                                                               bar_tile_empty + 8 * slot, g))
                 continue;
-            }
             FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
@@ -1223,21 +1460,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 if (!fa3_wg_has_rows(g, c)) {
                     if (nb > 0) {
                         fa3_idle_tile<NWG, STAGES, PINGPONG>(nb, kv, r, bar_q_full + 8 * c, bar_q_empty + 8 * c,
-                                                             q_uses & 1, lane, c);
+                                                             fa3_pipe<1>::phase(q_uses), lane, c);
                         kv += nb;
                         ++q_uses;
                     }
                     continue;
                 }
             }
-            fa3_mask_info mi;
-            if (kSkipIdle)
-                fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, c), min(fa3_wg_row0(g, c) + 63, g.len_q - 1), mi.n_lo,
-                                         mi.n_hi);
-            else
-                fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
-            mi.len_k = g.len_k;
-            mi.off = g.len_k - g.len_q - g.shift;
+            const fa3_mask_info mi = fa3_mask_info_make<BN, GENERAL, kSkipIdle>(a, g, c);
 
             float o[D / 2];
 #pragma unroll
@@ -1252,7 +1482,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
                 if (!fa3_turns_across_tiles(NWG)) fa3_pp_first_turn<PINGPONG, NWG>(c);
 
-                hp_mbar_wait(bar_q_full + 8 * c, q_uses & 1);
+                hp_mbar_wait(bar_q_full + 8 * c, fa3_pipe<1>::phase(q_uses));
                 FA3_EV(FA3_EV_Q, 0);
                 if constexpr (QRS) {
                     fa3_load_q_frag<D>(q.frag, s_q + c * C::kQBytes, warp, lane);
@@ -1260,66 +1490,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
                 }
                 if (OVERLAP) {
-                    /* Under a right-bounded mask the rows of the tile's first warpgroups may end before its last
-                     * key blocks, which are then masked out for all of them: such a warpgroup stops after its
-                     * own blocks (nbw) and only takes its turns through the rest. */
-                    int nbw = nb;
-                    /* The last block's P V over its first half only (fa3_overlap_tail): one warpgroup in two
-                     * under a causal mask; without one, where the last block holds at most BN / 2 keys. */
-                    bool half_pv = false;
-                    if (kSkipIdle) {
-                        const long long hi = fa3_key_end(a, g, min(fa3_wg_row0(g, c) + 63, g.len_q - 1));
-                        if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
-                        half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
-                    }
-                    const int st0 = kv % STAGES;
-                    hp_mbar_wait(bar_k_full + 8 * st0, (kv / STAGES) & 1);
-                    if (!fa3_first_qk_free(NWG)) fa3_pp_sync<PINGPONG>(c);
-                    fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st0 * C::kKVBytes, 16, 1024));
-                    if (!fa3_first_qk_free(NWG)) fa3_pp_arrive<PINGPONG, NWG>(c, false);
-                    hp_wgmma_wait<0>();
-#pragma unroll
-                    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
-                    FA3_EV(FA3_EV_QK_DONE, 0);
-                    fa3_release(bar_k_empty + 8 * st0, lane);
-                    if constexpr (NWG == 3)
-                        fa3_first_scores<D, BN, BF16, QRS, GENERAL>(s, q, r.krows, m, l, a, mi, n_min, row0,
-                                                                                 lane);
-                    else
-                        fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, quad);
-                    fa3_convert_p<BN, BF16>(s, p);
-                    if (nbw > 1) hp_mbar_wait(bar_k_full + 8 * ((kv + 1) % STAGES), ((kv + 1) / STAGES) & 1);
-                    /* Blocks [fast_lo, fast_hi) need neither mask nor softcap: pairs of them take the steps with
-                     * compile-time stages, and so does a lone one (kLoneFast; an even block count leaves one after
-                     * the tile's first block); the other blocks the general step. */
-                    const int fast_lo = max(1, mi.n_lo - n_min);
-                    const int fast_hi = GENERAL && a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
-#pragma unroll 1
-                    for (int i = 1; i < nbw;) {
-                        if (i >= fast_lo && i + 1 < fast_hi) {
-                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m,
-                                                                                        l, a, mi, n_min, row0, lane, c);
-                            i += 2;
-                        } else if (kLoneFast && i >= fast_lo && i < fast_hi) {
-                            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m,
-                                                                                        l, a, mi, n_min, row0, lane, c);
-                            ++i;
-                        } else {
-                            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m,
-                                                                                         l, a, mi, n_min, row0, lane, c);
-                            ++i;
-                        }
-                    }
-                    /* Every Q K^T of the tile has completed. */
-                    if (C::kSeparateO && !QRS) fa3_release(bar_q_empty + 8 * c, lane);
-                    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane,
-                                                                                    c);
-                    if constexpr (kSkipIdle) fa3_skip_blocks<NWG, STAGES, PINGPONG>(nbw, nb, kv, r, lane, c);
+                    fa3_overlap_tile<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(
+                        nb, kv, r, q, s, o, p, m, l, factor, a, g, mi, row0, lane, c, bar_q_empty + 8 * c);
                 } else {
 #pragma unroll 1
                     for (int i = 0; i < nb; ++i) {
-                        const int j = kv + i, st = j % STAGES;
-                        const uint32_t parity = (j / STAGES) & 1;
+                        const int j = kv + i;
+                        const int st = fa3_pipe<STAGES>::stage(j);
+                        const uint32_t parity = fa3_pipe<STAGES>::phase(j);
                         hp_mbar_wait(bar_k_full + 8 * st, parity);
                         fa3_pp_sync<PINGPONG>(c);
                         fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st * C::kKVBytes, 16, 1024));
@@ -1345,7 +1523,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
 
             /* The geometry again (from the ring) rather than kept in registers through the loop. */
             if constexpr (kSharedGeo) g = geo[k & (C::kTileRing - 1)];
-            else fa3_tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
+            else fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
 
             FA3_EV(FA3_EV_EPI, tile);
             /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */
@@ -1359,17 +1537,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                 lse[hh] = empty ? -INFINITY : (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f;
             }
             const int seq_row0 = row0 - g.shift;
-            if (a.lse != nullptr && quad == 0) {
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int r = seq_row0 + 8 * hh;
-                    if (r < g.len_q) {
-                        const int64_t idx = varlen ? (int64_t)g.h * a.total_q + g.tok_q + r
-                                                              : ((int64_t)g.b * a.heads_q + g.h) * a.seqlen_q + r;
-                        a.lse[idx] = lse[hh];
-                    }
-                }
-            }
+            if (a.lse != nullptr && quad == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
 
             /* O through shared memory and one TMA store (rows past a dense sequence's end fall outside the
              * tensor map and are not written); directly for tiles that saw no key and varlen tiles that reach
@@ -1450,7 +1618,8 @@ static inline bool fa3_needs_general(const fa3_args *a) {
     return a->softcap_pre != 0.0f || a->window_left >= 0 || a->cu_q != nullptr;
 }
 
-/* Launches one configuration on the persistent grid. QRS: Q K^T takes Q from registers. GENERAL = false: a kernel
+/* Launches one configuration on the persistent grid. BF16 picks the kernel's element type (bf16, else f16; the
+ * flag is what the per-head-dim launchers pass). QRS: Q K^T takes Q from registers. GENERAL = false: a kernel
  * for dense batches without softcap and without a left window edge (plain, causal, right windows): its masked
  * step is shorter, and it spills less. */
 template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS = false, bool GENERAL = true>
@@ -1459,7 +1628,7 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
     if (!GENERAL && fa3_needs_general(&pr->args))
         return fa_fail(FA_ERR_INTERNAL, "fa3 forward: softcap, a left window or varlen in a kernel without them");
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
-        fa3_fwd_kernel<D, BN, NWG, STAGES, BF16, OVERLAP, PINGPONG, QRS, GENERAL>;
+        fa3_fwd_kernel<D, BN, NWG, STAGES, typename fa3_elem<BF16>::type, OVERLAP, PINGPONG, QRS, GENERAL>;
     cudaError_t err = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            C::kSmemBytes);
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: setting the shared-memory size");
