@@ -91,7 +91,7 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
 }
 
 /* The workspace holds the tile counter of the persistent grid and the tag of the launch that reset it
- * (fa3_counter_reset). */
+ * (fa3_sched::counter_reset). */
 extern "C" size_t fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
     (void)p;
     (void)dev;
@@ -116,7 +116,7 @@ static unsigned long long next_launch_tag(void) {
         unsigned long long zero = 0;
         __atomic_compare_exchange_n(&salt, &zero, s, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
-    /* never 0: that is the retired tag (fa3_counter_retire) */
+    /* never 0: that is the retired tag (fa3_sched::counter_retire) */
     return mix64(__atomic_load_n(&salt, __ATOMIC_ACQUIRE) + __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED)) | 1;
 }
 
@@ -265,9 +265,9 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->num_bh = p->heads_q * p->batch;
     /* Head-major tiles that end at the last query (192-row tiles under a causal mask, up to 1k queries) and
      * whose first tile holds one warpgroup's rows (3k + 1 groups of 64): those first tiles, a single key block
-     * under a causal mask, are claimed after all the others (fa3_claim_order), so that they fill the end of the
+     * under a causal mask, are claimed after all the others (fa3_sched::claim_order), so that they fill the end of the
      * grid: its last wave no longer waits on the last heads' long tiles. */
-    const int idle_first = (a->num_m_blocks * block_m - p->seqlen_q) / 64; /* warpgroups, as fa3_tile_get's shift */
+    const int idle_first = (a->num_m_blocks * block_m - p->seqlen_q) / 64; /* warpgroups, as fa3_sched::tile_get's shift */
     const int first_last = a->align_end && a->section == 0 && !fa_is_varlen(p) && a->num_m_blocks > 1 &&
                            idle_first == block_m / 64 - 1;
     a->first_blocks_claim = first_last ? a->num_bh * (a->num_m_blocks - 1) : a->num_tiles;
