@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # flashattn - hand-written Makefile.
 #   make               library (static + shared) and the flashattn CLI, in build/
 #   make run           the main job: flashattn run on the best backend

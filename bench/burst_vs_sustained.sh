@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # burst_vs_sustained.sh - why `flashattn bench` and bench/compare.py read different figures for one kernel.
 # For a few forward shapes it times our kernel four ways, with the GPU's SM clock and power logged every
 # 100 ms by nvidia-smi: `flashattn bench` as it ships (3 warm-up + 10 timed calls: a burst), the same with

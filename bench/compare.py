@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """One harness that times flashattn and its peers the same way, in one process, round-robin.
 
 What it measures

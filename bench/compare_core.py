@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The parts of bench/compare.py that need neither torch nor a GPU: FLOP and byte counts, the shape sets, the
 choice of the number of timed calls, the round-robin order, statistics over rounds, ratio spreads, the
 summary table, CSV rows, and the run-time estimate. Kept apart so that `make test` checks them on machines

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Times the attention implementations flashattn is compared with, on the machine it runs on.
 
 GPU (default): torch.nn.functional.scaled_dot_product_attention with exactly one SDPA backend allowed at a

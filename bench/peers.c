@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * peers.c - reads the peers' timings that bench/peer_bench.py --json writes: a JSON list of objects
  * {"impl", "head_dim", "causal", "seqlen", "batch", "heads", "pass", "tflops", ...}. A small JSON reader of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * peers.h - the peers' timings that bench/peer_bench.py --json writes, read for flashattn bench --peers.
  */

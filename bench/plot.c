@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * plot.c - grouped bar charts as standalone SVG (see plot.h). No dependencies: the file is written with
  * fprintf, and text widths are estimated from the font size, which is close enough for a sans-serif font.

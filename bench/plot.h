@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * plot.h - grouped bar charts written as standalone SVG files (the style of the FlashAttention-2 paper's
  * benchmark figures: one group per sequence length, one bar per implementation).

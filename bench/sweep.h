@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sweep.h - the benchmark sweeps of flashattn bench --sweep: the FlashAttention-2 paper's (16k tokens, hidden
  * 2048, seqlen 512..16k, head_dim 64/128/256) and a CPU-sized one, the shape of each row and the paper's FLOP

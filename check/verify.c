@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * verify.c - problems, runs and checks shared by the flashattn CLI, the tests and the fuzzer (see verify.h);
  * built as $(BUILD)/libflashattn_check.a.

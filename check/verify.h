@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * verify.h - building attention problems and checking a backend's answers: the check library
  * (libflashattn_check.a) that the flashattn CLI, the test programs and the fuzzer link.

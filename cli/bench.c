@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench.c - `flashattn bench`: timing one problem on one or more backends, or a sweep (bench/sweep.h): the
  * FlashAttention-2 paper's (16k tokens, hidden 2048, seqlen 512..16k, head_dim 64/128/256, causal and not,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli.h - what the parts of the flashattn command line share: the parsed options, exit codes, and turning
  * options into a problem and an fa_exec.

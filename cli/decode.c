@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * decode.c - `flashattn check --decode`: decoding with a KV cache (fa_fwd_kvcache) checked against the fp64
  * reference.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c - the flashattn command line: option parsing, `info`, `run` and `check` (bench.c has `bench`).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * dev/bwd_check.c - bring-up driver for the FA2 CUDA backward kernels, called directly (past the library's
  * validation and dispatch): it computes O and LSE with the fp64 reference on the host, runs fa2_bwd_run on the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpu_bench.c - timing driver for the CPU backend: forward and backward GFLOP/s (the FlashAttention-2
  * paper's FLOP count: 4 * seqlen_q * seqlen_k * head_dim * heads per batch entry, halved when causal; the

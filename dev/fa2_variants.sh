@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # fa2_variants.sh - one GPU-machine session for tuning the FA2 kernels: build (sm_90a only), the GPU suite for
 # both kernel families, the paper sweep of the FA2 kernels (forward and backward), the same sweep for each
 # compile-time variant, and PyTorch's SDPA flash backend in the same call. Logs go to $OUT; a table of every

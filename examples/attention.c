@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * attention.c - a standalone program using the installed library: causal attention with grouped-query heads
  * (8 query heads sharing 2 key/value heads) on the CPU backend, checked against a direct evaluation of

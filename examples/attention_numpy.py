@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Exact attention on numpy arrays with flashattn (CPU backend), forward and backward, checked against the
 formula softmax(Q K^T / sqrt(d)) V evaluated directly in float64. No PyTorch needed.
 

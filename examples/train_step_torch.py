@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One training step of a small causal self-attention layer whose attention is flashattn.flash_attn_func
 (flash-attn 2.x's signature), on the GPU when PyTorch sees one and on the CPU otherwise; the gradients are
 checked against the same layer with PyTorch's scaled_dot_product_attention. Exits 0 with a message when

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_attention.c - libFuzzer harness for the host side: validation, the CPU backend and the fp64
  * reference. Built with clang -fsanitize=fuzzer,address,undefined (make fuzz), without OpenMP so that an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * flashattn.h - exact attention (FlashAttention-2 / FlashAttention-3) as a C library.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Packaging glue; everything else is in pyproject.toml.
 
 Version: FA_VERSION_* of ../include/flashattn.h (or, in a source distribution without it, the same numbers

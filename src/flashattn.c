@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * flashattn.c - the public entry points: argument validation (everything is checked before anything is
  * written), backend resolution and dispatch, error reporting, introspection.

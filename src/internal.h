@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * internal.h - what the backends share: error reporting, the mask rule, sequence geometry, host dtype
  * conversion, and the internal entry point of each backend. Not installed.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # cli_bench.sh - tests of the flashattn command line beyond what the C tests reach: --version; bench's CSV and JSON
 # written row by row and valid after an interrupt; the sweep's time estimate and its warning before a long
 # run; --plot with --fwd-only; GFLOP/s on the CPU; the device line of check. Needs a POSIX shell; uses python3

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # tests/cli_exit_codes.sh FLASHATTN - the CLI's exit codes and option parsing (0 ok, 1 numerical failure, 2 bad usage or
 # invalid shape, 3 unsupported, 4 runtime or I/O error). One PASS/FAIL line per case, then "N passed, M failed".
 fa=${1:?usage: tests/cli_exit_codes.sh path/to/flashattn}

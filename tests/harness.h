@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * harness.h - the test programs' small framework: command line (-k filter, --seed, -v), one line per case,
  * counters, and the summary line "N passed, M failed" that ends every test program's output.

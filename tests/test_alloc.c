@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_alloc.c - allocation failures on the host backends. Linked with -Wl,--wrap=malloc, so every malloc of
  * the library (the static archive) goes through __wrap_malloc below, which can fail the N-th call. For the CPU

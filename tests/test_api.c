@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_api.c - the C API's contract apart from the numbers: every invalid argument returns its status, names
  * the offending field in fa_last_error() and leaves every output untouched; status strings; version and

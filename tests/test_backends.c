@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_backends.c - every backend against the fp64 reference over a sweep of shapes and options.
  *

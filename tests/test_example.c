@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_example.c - the C API example of the README, compiled and run as a test: causal attention forward
  * and backward on the CPU for one (batch, seqlen, heads, head_dim) problem in fp32.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_kvcache.c - decoding with a KV cache (fa_fwd_kvcache) on the CPU and reference backends.
  *

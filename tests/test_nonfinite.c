@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nonfinite.c - the non-finite rules of flashattn.h on the CPU and reference backends: a NaN or +Inf in
  * a row's visible scores, a non-finite value in a V row it sees, scores that overflow fp32, rows left empty

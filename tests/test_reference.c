@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_reference.c - the oracle and the checking machinery themselves.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checks an installed flashattn wheel from outside the source tree (make test-wheel runs it in a fresh venv):
 the package imports the library bundled in it, not one of a build tree or of $FLASHATTN_LIBRARY; the wheel's
 name, the package and the library all carry the version of include/flashattn.h; the wheel is tagged for any

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # device.sh - everything the GPU machine runs, in one script: build, the test suite (GPU tests included),
 # compute-sanitizer on small problems, the benchmark of ours against PyTorch's attention backends in one
 # harness (bench/compare.py), our kernels alone (flashattn bench), and the CPU comparison with PyTorch's CPU

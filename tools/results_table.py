@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Markdown tables for the README and docs/results.md from one bench/compare.py run:
 
     python3 tools/results_table.py compare.json [--tree HASH]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One GPU-machine session that times the FA3 forward of this tree against other trees' (A/B), interleaved with
 # PyTorch's cuDNN and FLASH backends by compare.py. Each tree named in ALTS is a copy under dev/<name>/ (untracked,
 # so that it travels), e.g. the last commit's:

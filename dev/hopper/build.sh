@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds dev/hopper/fa3_dev (the FA3 bring-up / check / timing driver) and libfa3dev.so (the FA3 forward behind
 # a C entry point, for dev/hopper/compare.py) into ${1:-build/dev-hopper}, compiling the FA3 sources directly
 # for sm_90a, in parallel.

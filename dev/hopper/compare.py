@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Times the FA3 forward (libfa3dev.so, see build.sh) interleaved with PyTorch SDPA's cuDNN and FLASH backends,
 config by config in one process, on the same (batch, heads, seqlen, head_dim) bf16 tensors, so that clock and
 power drift hits every implementation alike. The sweep of the FlashAttention-2 paper: batch * seqlen = 16k,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One GPU-machine session for the FA3 forward: build the driver, bring-up checks, the correctness sweep,
 # compute-sanitizer on a small problem, the paper sweep with PyTorch's SDPA (flash, cudnn) timed in the same
 # session, the schedule steps, and (compare) ours interleaved with cuDNN and FA2 in one process. Logs go to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_dev.cu - bring-up, correctness and timing driver for the FA3 forward (sm_90a), independent of the rest of
  * the library: it compiles the FA3 sources directly (see build.sh) and calls fa3_fwd_run.

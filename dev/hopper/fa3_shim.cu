@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_shim.cu - a C entry point to the FA3 forward for dev/hopper/compare.py (ctypes), built into
  * libfa3dev.so by build.sh together with the FA3 sources; the rest of the library is not needed.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes src/cuda/fa3_wgmma.cuh: one inline-PTX wrapper per wgmma shape the FA3 forward uses.
 
 The operand lists of wgmma.mma_async name every accumulator register (N/2 of them), which is why these

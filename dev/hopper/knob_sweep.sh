@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One GPU-machine session that times the FA3 forward under developer knobs with the library's own benchmark
 # (`flashattn bench --sweep paper`, the README's method), each run twice, and prints TFLOP/s per shape with one
 # column per knob setting ("a/b": the two repeats).

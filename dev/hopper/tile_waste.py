@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Counts the work of the FA3 forward's query tiles for one (batch, head) of the paper's sweep: 64 x BN
 warpgroup-blocks (one consumer warpgroup's Q K^T and P V for one key block) that the tiles run, against the
 blocks the attention needs. Compares 128-row tiles, 192-row tiles as the kernel had them (every warpgroup runs

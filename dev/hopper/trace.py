@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Reads an FA3 forward timeline (a build with -DFA3_TRACE=1, run with FLASHATTN_FA3_TRACE=FILE) and prints
 where the consumer warpgroups spend their cycles, and who holds up the ping-pong rotation.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """flashattn: exact attention (FlashAttention-2/3) from libflashattn, through ctypes.
 
     import flashattn

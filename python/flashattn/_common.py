@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Argument checks and fa_params filling shared by the numpy and the PyTorch entry points. Works on plain
 shapes and numbers so that it needs neither numpy nor torch. Every message names the offending argument."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """flash_attn_with_kvcache's arguments as an fa_params and an fa_kvcache, shared by the numpy and the
 PyTorch entry points. Arrays arrive as Views (data pointer, shape, strides in elements), so nothing here
 imports numpy or torch. Shapes are checked here, naming the argument; the values (lengths, page indices,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading libflashattn with ctypes: the library search, mirrors of the C structs of include/flashattn.h,
 the ABI checks done at import, and the call wrapper that turns an fa_status into a Python exception.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """numpy entry points: attention() and attention_backward() on host arrays, run by the CPU backend (or the
 fp64 reference backend on request). Needs numpy, not torch."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch entry points with flash-attn 2.x's names, arguments and (batch, seqlen, heads, head_dim) layout.
 
 The library calls are torch.library custom ops (namespace "flashattn": fwd, bwd, varlen_fwd, varlen_bwd)

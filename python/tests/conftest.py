@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test setup: import the package from this source tree (python/), so the tests run without installing it;
 the package then finds the library in the repository's build/ directory (or through $FLASHATTN_LIBRARY)."""
 

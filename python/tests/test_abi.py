@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ctypes mirrors in flashattn/_lib.py against include/flashattn.h: the offset of every field, every
 struct's size and the version macros, as a C compiler sees them. Needs a C compiler, not the library's
 backends (the package import itself checks sizeof(fa_params), sizeof(fa_exec) and the version)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bench/compare.py, the harness that times ours and the peers the same way: its torch-free helpers
 (bench/compare_core.py: FLOP and byte counts, shape sets, the number of calls, the round order, statistics,
 ratios, the summary table, CSV rows, the run-time estimate), its argument handling, and, when PyTorch is

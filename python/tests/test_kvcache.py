@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Decoding with a KV cache: flashattn.attention_with_kvcache (numpy) and flashattn.flash_attn_with_kvcache
 (PyTorch, CPU) against a float64 computation written here: the test appends the new tokens to its own copy
 of the cache (rotating the keys), walks the page table or cache_batch_idx itself, rotates q, and runs the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """flashattn.attention / attention_backward (numpy, CPU backend) against a float64 numpy reference written
 here from the definition in include/flashattn.h. Needs numpy, not torch, nor a GPU.
 

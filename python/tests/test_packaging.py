@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a new user meets before the first call: the messages of a failed import, and the version and licence
 the package declares. The import cases run in a child interpreter, so that this process's flashattn and
 torch modules are left alone."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The PyTorch binding against torch.nn.functional.scaled_dot_product_attention in float64 on the same inputs:
 forward, LSE and gradients (causal, GQA, windows, ALiBi, varlen), on CPU tensors (CPU backend) and CUDA
 tensors (CUDA backend); torch.compile(fullgraph=True) of a small attention module; torch.library.opcheck.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpu_bwd.c - FlashAttention-2 backward on the CPU (Algorithm 2 of the paper).
  *

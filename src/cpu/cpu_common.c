@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpu_common.c - the CPU backend's shared pieces: threads, workspace, batch geometry, dtype conversion of
  * rows, and the workspace-size entry point.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpu_fwd.c - FlashAttention-2 forward on the CPU (Algorithm 1 of the paper, tiled for caches).
  *

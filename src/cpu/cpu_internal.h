@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpu_internal.h - what the CPU backend's files share: block sizes, threads, the workspace carver, the fp32
  * views the kernels read their inputs through, and row conversion between the storage dtypes and fp32.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpu_kvcache.c - decoding with a KV cache on the CPU (fa_fwd_kvcache).
  *

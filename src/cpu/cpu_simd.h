@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpu_simd.h - the SIMD layer of the CPU backend: vector types sized by the target (GCC vector extensions),
  * a vectorised exp and tanh, fp16/bf16 row conversion, and the register-blocked matrix micro-kernel that

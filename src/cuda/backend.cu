@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * backend.cu - the CUDA backends' entry points (internal.h): devices and pointers, the checks every CUDA call
  * makes, kernel-family selection (FA3 on compute capability 9.0 when it takes the problem, else FA2),

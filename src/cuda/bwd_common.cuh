@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bwd_common.cuh - device helpers of the FA2 backward that common.cuh does not have: 4-byte cp.async (with zero
  * fill), waiting for every cp.async group, and 32-bit shared-memory loads and stores by address.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * common.cuh - device functions shared by the CUDA kernels (sm_80+): 16-bit element types and the tensor-core
  * mma.sync m16n8k16 (fp32 accumulate), ldmatrix, cp.async, padded (and XOR-swizzled) shared-memory tiles,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa2_bwd.cu - FlashAttention-2 backward, host side: which problems the kernels take, the workspace they need
  * (fp32 dQ accumulator slices, LSE * log2(e), D = rowsum(dO * O)), and the launch by head dim. The kernels

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa2_bwd.cuh - FlashAttention-2 backward kernels (mma.sync m16n8k16, ldmatrix, cp.async; sm_80+), templated
  * on the 16-bit element type, the head dim D and the tile sizes. Included by one fa2_bwd_hdim*.cu per head dim

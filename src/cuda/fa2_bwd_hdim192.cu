@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa2_bwd_hdim192.cu - the FA2 backward kernels for head dim 192 (f16 and bf16).
  */

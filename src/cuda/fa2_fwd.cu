@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa2_fwd.cu - FlashAttention-2 forward, host side: which problems the kernels take, the tile configuration,
  * and the launch. The kernel and its tile table are in fa2_fwd.cuh, instantiated once per head dim in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa2_fwd.cuh - the FlashAttention-2 forward kernel (Algorithm 1 of the paper) for sm_80+, its tile table
  * and launcher. Instantiated once per head dim in fa2_fwd_hdim*.cu (every row of the tile table of that head

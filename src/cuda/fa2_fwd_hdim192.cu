@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa2_fwd_hdim192.cu - the FlashAttention-2 forward kernel for head dim 192 (f16 and bf16); tile sizes in the
  * table of fa2_fwd.cuh. One file per head dim so that nvcc compiles them in parallel.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_fwd.cu - FlashAttention-3 forward for Hopper (sm_90a): what it supports, the tile configuration per
  * problem, the tensor maps, and the dispatch to the per-head-dim launchers (the kernel is in fa3_fwd.cuh).
@@ -267,7 +268,8 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
      * whose first tile holds one warpgroup's rows (3k + 1 groups of 64): those first tiles, a single key block
      * under a causal mask, are claimed after all the others (fa3_sched::claim_order), so that they fill the end of the
      * grid: its last wave no longer waits on the last heads' long tiles. */
-    const int idle_first = (a->num_m_blocks * block_m - p->seqlen_q) / 64; /* warpgroups, as fa3_sched::tile_get's shift */
+    /* warpgroups, as fa3_sched::tile_get's shift */
+    const int idle_first = (a->num_m_blocks * block_m - p->seqlen_q) / 64;
     const int first_last = a->align_end && a->section == 0 && !fa_is_varlen(p) && a->num_m_blocks > 1 &&
                            idle_first == block_m / 64 - 1;
     a->first_blocks_claim = first_last ? a->num_bh * (a->num_m_blocks - 1) : a->num_tiles;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_fwd.cuh - the FlashAttention-3 forward kernel for Hopper (sm_90a) and its launcher, included by the
  * per-head-dim instantiation files fa3_fwd_hdim*.cu.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_fwd_hdim128.cu - FA3 forward instantiations for head dim 128: 128 x 128 tiles, two consumer warpgroups,
  * intra-warpgroup overlap + ping-pong, Q K^T with Q from registers. A build with FA_TUNING adds, for bf16, the

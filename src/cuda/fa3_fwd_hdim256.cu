@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_fwd_hdim256.cu - FA3 forward instantiations for head dim 256: 128 x 80 tiles, two consumer warpgroups,
  * overlap + ping-pong (two stages of K and V plus Q fill 224 KB of shared memory; O is staged in the Q tiles).

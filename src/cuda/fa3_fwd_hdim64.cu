@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_fwd_hdim64.cu - FA3 forward instantiations for head dim 64: 192-row tiles with three consumer warpgroups
  * (overlap + ping-pong) and 128-key blocks, in a kernel for dense batches without softcap and left window edges

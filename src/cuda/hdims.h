@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hdims.h - the head dims the CUDA kernels are compiled for, as one X-macro: FA_HDIMS(X) expands X(d) for each,
  * ascending. All of 32, 64, 96, 128, 192, 256, or those a build names (make FA_HDIMS="64 128" compiles only their

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hopper.cuh - inline-PTX wrappers for the Hopper (sm_90a) features the FA3 forward uses: mbarriers, TMA
  * (cp.async.bulk.tensor) loads and stores, wgmma fences and shared-memory matrix descriptors, setmaxnreg and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kernels.h - the host-side contract between the CUDA backend's entry points (backend.cu) and the kernel
  * families. Each family is one descriptor (fa_kernel_family): whether it can run a problem (setting fa_fail's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * naive.cu - "standard attention" (section 2.2 of the FlashAttention-2 paper) on the GPU, the baseline the
  * paper compares against: S = Q K^T by cuBLAS into device memory (fp32), a softmax kernel writes P (input

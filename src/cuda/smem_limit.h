@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * smem_limit.h - the shared memory per block that the CUDA kernels' tile selection may assume on a device
  * (the FA2 forward and backward take the first row of their tile tables that fits).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tensor_map.cu - host side of TMA: cuTensorMapEncodeTiled reached through the runtime's driver entry point
  * (the library does not link libcuda), and a small cache of encoded maps keyed by everything the encoder reads,

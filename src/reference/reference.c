@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * reference.c - the fp64 oracle: forward and backward of exactly the function flashattn.h defines,
  * computed row by row in double precision. Small and obviously right is the point; speed is not.
