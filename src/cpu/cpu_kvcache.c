@@ -148,6 +148,7 @@ fa_status fa_cpu_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_
     const int64_t pack = kvc_pack(p), hp = hq / pack; /* the inner problem's heads */
     const int64_t tasks = (int64_t)p->batch * hkv, tq = (int64_t)p->batch * sq * pack;
     const int threads = fa_cpu_threads(&a, x->num_threads, 0);
+    (void)threads; /* read by the OpenMP pragma alone */
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
 #endif
