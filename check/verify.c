@@ -776,16 +776,6 @@ static void gather_f32(const vf_problem *pr, const vf_tensor *t, float *out) {
     }
 }
 
-/* Sequence b in packed token numbering. */
-static fa_seq packed_seq(const fa_params *p, int64_t b) {
-    fa_seq s = fa_seq_get(p, b);
-    if (!fa_is_varlen(p)) {
-        s.tok_q = b * p->seqlen_q;
-        s.tok_k = b * p->seqlen_k;
-    }
-    return s;
-}
-
 /*
  * The fp64 reference (fa_reference_fwd_f64 / fa_reference_bwd_f64), split into independent problems of one
  * sequence and one kv head with its group of query heads, run in parallel: the reference itself is serial.
@@ -794,7 +784,7 @@ static fa_seq packed_seq(const fa_params *p, int64_t b) {
 static void reference_unit(const fa_params *rp, int backward, int64_t b, int64_t hkv, const double *q, const double *k,
                            const double *v, const double *dout, double *o, double *lse, double *dq, double *dk,
                            double *dv) {
-    const fa_seq s = packed_seq(rp, b), sl = fa_seq_get(rp, b);
+    const fa_seq s = fa_seq_packed(rp, b), sl = fa_seq_get(rp, b);
     const int64_t d = rp->head_dim, group = rp->heads_q / rp->heads_kv, nq = s.len_q * group * d, nk = s.len_k * d;
     fa_params u = *rp;
     u.batch = 1, u.seqlen_q = (int32_t)s.len_q, u.seqlen_k = (int32_t)s.len_k, u.heads_q = (int32_t)group;
@@ -914,7 +904,7 @@ static void naive_fwd(const fa_params *rp, const float *q, const float *k, const
                       float *mag) {
     const int64_t d = rp->head_dim, lk = max_len_k(rp) + 1;
     for (int64_t b = 0; b < rp->batch; b++) {
-        const fa_seq s = packed_seq(rp, b), sl = fa_seq_get(rp, b);
+        const fa_seq s = fa_seq_packed(rp, b), sl = fa_seq_get(rp, b);
         VF_PARALLEL_FOR
         for (int64_t h = 0; h < rp->heads_q; h++) {
             float *prob = malloc(sizeof(float) * (size_t)(2 * lk + 2 * d)), *tv = prob + lk, *acc = tv + lk;
@@ -951,7 +941,7 @@ static void naive_bwd(const fa_params *rp, const float *q, const float *k, const
         return;
     }
     for (int64_t b = 0; b < rp->batch; b++) {
-        const fa_seq s = packed_seq(rp, b);
+        const fa_seq s = fa_seq_packed(rp, b);
         memset(hk, 0, sizeof(float) * hn);
         memset(hv, 0, sizeof(float) * hn);
         memset(mk, 0, sizeof(float) * hn);

@@ -79,6 +79,17 @@ static inline fa_seq fa_seq_get(const fa_params *p, int64_t b) {
     return s;
 }
 
+/* Sequence b with token indices into a packed (tokens, heads, head_dim) copy of the batch: b * seqlen + r when
+ * dense, the cu_seqlens offsets when varlen. */
+static inline fa_seq fa_seq_packed(const fa_params *p, int64_t b) {
+    fa_seq s = fa_seq_get(p, b);
+    if (!fa_is_varlen(p)) {
+        s.tok_q = b * p->seqlen_q;
+        s.tok_k = b * p->seqlen_k;
+    }
+    return s;
+}
+
 /* Element offset of (sequence b whose first token is tok, row r, head h) in tensor t. */
 static inline int64_t fa_offset(const fa_params *p, const fa_tensor *t, int64_t b, int64_t tok, int64_t r,
                                 int64_t h) {

@@ -13,16 +13,6 @@
 #include "internal.h"
 
 /* Row r of head h of a packed (tokens, heads, head_dim) fp64 array. */
-/* Sequence b with token indices into the packed fp64 layout: tokens b * seqlen + r when dense. */
-static fa_seq packed_seq(const fa_params *p, int64_t b) {
-    fa_seq s = fa_seq_get(p, b);
-    if (!fa_is_varlen(p)) {
-        s.tok_q = b * p->seqlen_q;
-        s.tok_k = b * p->seqlen_k;
-    }
-    return s;
-}
-
 static inline const double *row_of(const double *base, int64_t token, int64_t heads, int64_t h, int64_t d) {
     return base + (token * heads + h) * d;
 }
@@ -110,7 +100,7 @@ static void fwd_f64_rows(const fa_params *p, double *q, double *k, double *v, do
                          double *score) {
     const int64_t d = p->head_dim;
     for (int64_t b = 0; b < p->batch; b++) {
-        fa_seq s = packed_seq(p, b);
+        fa_seq s = fa_seq_packed(p, b);
         for (int64_t h = 0; h < p->heads_q; h++) {
             const int64_t hkv = h / (p->heads_q / p->heads_kv);
             for (int64_t i = 0; i < s.len_q; i++) {
@@ -157,7 +147,7 @@ fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double
         return fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
     }
     for (int64_t b = 0; b < p->batch; b++) {
-        fa_seq s = packed_seq(p, b);
+        fa_seq s = fa_seq_packed(p, b);
         for (int64_t h = 0; h < p->heads_q; h++) {
             const int64_t hkv = h / (p->heads_q / p->heads_kv);
             for (int64_t i = 0; i < s.len_q; i++) {
@@ -201,7 +191,7 @@ static double *gather(const fa_params *p, const fa_tensor *t, int query) {
     double       *out   = malloc((size_t)(tokens(p, query) * heads * d + 1) * sizeof(double));
     if (!out) return NULL;
     for (int64_t b = 0; b < p->batch; b++) {
-        fa_seq        s = fa_seq_get(p, b), ps = packed_seq(p, b);
+        fa_seq        s = fa_seq_get(p, b), ps = fa_seq_packed(p, b);
         const int64_t len = query ? s.len_q : s.len_k, tok = query ? s.tok_q : s.tok_k;
         const int64_t tok0 = query ? ps.tok_q : ps.tok_k;
         for (int64_t r = 0; r < len; r++)
@@ -217,7 +207,7 @@ static double *gather(const fa_params *p, const fa_tensor *t, int query) {
 static void scatter(const fa_params *p, const fa_tensor *t, int query, const double *src) {
     const int64_t heads = query ? p->heads_q : p->heads_kv, d = p->head_dim;
     for (int64_t b = 0; b < p->batch; b++) {
-        fa_seq        s = fa_seq_get(p, b), ps = packed_seq(p, b);
+        fa_seq        s = fa_seq_get(p, b), ps = fa_seq_packed(p, b);
         const int64_t len = query ? s.len_q : s.len_k, tok = query ? s.tok_q : s.tok_k;
         const int64_t tok0 = query ? ps.tok_q : ps.tok_k;
         for (int64_t r = 0; r < len; r++)
