@@ -202,11 +202,11 @@ test: all $(TEST_BIN)
 	$(MAKE) --no-print-directory test-python || failed="$$failed test-python"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi
 
-# Generated sources match their generator: src/cuda/fa3_wgmma.cuh is dev/hopper/gen_wgmma.py's output.
+# Generated sources match their generator: src/cuda/fa3_wgmma.cuh is tools/gen_wgmma.py's output.
 test-generated:
-	@echo "== $(PYTHON) dev/hopper/gen_wgmma.py | cmp - src/cuda/fa3_wgmma.cuh"; \
-	if $(PYTHON) dev/hopper/gen_wgmma.py | cmp -s - src/cuda/fa3_wgmma.cuh; then echo "generated: 1 passed, 0 failed"; \
-	else echo "FAILED: src/cuda/fa3_wgmma.cuh differs from dev/hopper/gen_wgmma.py's output (regenerate it)"; \
+	@echo "== $(PYTHON) tools/gen_wgmma.py | cmp - src/cuda/fa3_wgmma.cuh"; \
+	if $(PYTHON) tools/gen_wgmma.py | cmp -s - src/cuda/fa3_wgmma.cuh; then echo "generated: 1 passed, 0 failed"; \
+	else echo "FAILED: src/cuda/fa3_wgmma.cuh differs from tools/gen_wgmma.py's output (regenerate it)"; \
 	  echo "generated: 0 passed, 1 failed"; exit 1; fi
 
 # Runs every test binary (all of them, also after a failure) and names the failures at the end.

@@ -129,13 +129,15 @@ typedef enum fa_dtype {
 typedef enum fa_backend {
     FA_BACKEND_AUTO      = 0, /* CUDA if built, a GPU is present and q is device memory; else CPU */
     FA_BACKEND_CPU       = 1, /* FlashAttention-2 on the CPU (OpenMP, SIMD); host pointers */
-    FA_BACKEND_CUDA      = 2, /* FlashAttention-2 kernels (sm_80+), FlashAttention-3 forward on sm_90 */
+    FA_BACKEND_CUDA      = 2, /* FlashAttention-2 kernels (sm_80+), FlashAttention-3 kernels on sm_90 */
     FA_BACKEND_REFERENCE = 3, /* fp64, materialises S and P; host pointers; slow, O(N^2) memory: the oracle */
     FA_BACKEND_NAIVE     = 4  /* "standard attention" on the GPU: S and P in device memory, cuBLAS GEMMs */
 } fa_backend;
 
 /* Which CUDA kernel family runs (FA_BACKEND_CUDA only). AUTO picks FA3 on compute capability 9.0 for the
- * shapes it supports and FA2 otherwise; the environment variable FLASHATTN_KERNEL=fa2|fa3 overrides AUTO. */
+ * shapes it supports and FA2 otherwise; the environment variable FLASHATTN_KERNEL=fa2|fa3 overrides AUTO. FA3
+ * fails a forward it cannot run; a backward it cannot run (varlen, deterministic, ALiBi, head dims other than
+ * 64 and 128) runs FA2. FA2 runs FA2 in both directions. */
 typedef enum fa_kernel {
     FA_KERNEL_AUTO = 0,
     FA_KERNEL_FA2  = 2,

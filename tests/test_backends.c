@@ -265,6 +265,10 @@ static void gpu_cases(void) {
     c.alibi = VF_ALIBI_BATCH_HEADS;
     c.softcap = 3.0f;
     add("varlen", c, F);
+    /* several key and query blocks of the FA3 backward's tiles, GQA 8:1 with fewer queries than keys, and a
+     * window on both sides with more queries than keys */
+    add("blocks", with_causal(shape(FA_BF16, 1, 8, 1, 640, 1100, 64)), F);
+    add("blocks", with_window(shape(FA_F16, 2, 4, 2, 1100, 640, 128), 100, 37), F);
     add("layout", with_layout(shape(FA_BF16, 2, 4, 2, 137, 153, 128), VF_LAYOUT_BHSD), F);
     add("layout", with_layout(with_causal(shape(FA_F16, 2, 4, 2, 137, 153, 64)), VF_LAYOUT_PADDED), F);
     add("layout", with_layout(with_varlen(shape(FA_BF16, 5, 4, 2, 100, 100, 128), 3), VF_LAYOUT_MIXED), F);
@@ -376,7 +380,12 @@ static void gpu_cases(void) {
 
 /* ---- running one case on one backend ---- */
 
+/* The CUDA backend with exec.kernel = FA2: on compute capability 9.0, where AUTO runs the FA3 kernels, it keeps
+ * the FA2 ones tested too. */
+#define CUDA_FA2 ((fa_backend)100)
+
 static const char *backend_name(fa_backend b) {
+    if (b == CUDA_FA2) return "cuda-fa2";
     switch (b) {
     case FA_BACKEND_CPU: return "cpu";
     case FA_BACKEND_CUDA: return "cuda";
@@ -455,7 +464,8 @@ static void run_on(const test_case *t, vf_problem *pr, fa_backend backend, int m
     format(name, sizeof name, "%-9s %-7s %-12s %s", backend_name(backend), pass, t->tag, desc);
     fa_exec x;
     memset(&x, 0, sizeof x);
-    x.backend = backend;
+    x.backend = backend == CUDA_FA2 ? FA_BACKEND_CUDA : backend;
+    x.kernel = backend == CUDA_FA2 ? FA_KERNEL_FA2 : FA_KERNEL_AUTO;
     x.device = -1;
 
     /* the forward alone first, so that a failing or missing backward still shows the forward's errors */
@@ -551,19 +561,27 @@ int main(int argc, char **argv) {
     cpu_cases();
     run_suite("cpu", cpu, 2, tcpu);
 
-    fa_backend gpu[2] = { FA_BACKEND_CUDA, FA_BACKEND_NAIVE };
-    tally tgpu[2] = { { 0, 0, 0 }, { 0, 0, 0 } };
+    fa_backend gpu[3] = { FA_BACKEND_CUDA, FA_BACKEND_NAIVE, CUDA_FA2 };
+    tally tgpu[3] = { { 0, 0, 0 }, { 0, 0, 0 }, { 0, 0, 0 } };
+    int ngpu = 0;
     if (fa_device_count() > 0) {
         fa_device_info info;
+        memset(&info, 0, sizeof info);
         if (fa_device_get_info(0, &info) == FA_OK)
             printf("gpu: %s (sm_%d%d, %d SMs)\n", info.name, info.cc_major, info.cc_minor, info.sm_count);
+        const int hopper = info.cc_major == 9 && info.cc_minor == 0;
+        ngpu = fa_backend_built(FA_BACKEND_NAIVE) ? 2 : 1;
+        if (hopper) {
+            if (ngpu == 1) gpu[1] = CUDA_FA2;
+            ngpu++;
+        }
         gpu_cases();
-        run_suite("gpu", gpu, fa_backend_built(FA_BACKEND_NAIVE) ? 2 : 1, tgpu);
+        run_suite("gpu", gpu, ngpu, tgpu);
     } else {
         th_skip("gpu suite (cuda, naive): skipped (no GPU)%s",
                 fa_backend_built(FA_BACKEND_CUDA) ? "" : " - this library was built without CUDA");
     }
     print_tally("cpu", cpu, 2, tcpu);
-    print_tally("gpu", gpu, fa_backend_built(FA_BACKEND_NAIVE) ? 2 : 1, tgpu);
+    print_tally("gpu", gpu, ngpu, tgpu);
     return th_finish();
 }

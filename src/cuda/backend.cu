@@ -262,20 +262,28 @@ static const char *kernel_env(void) {
     return value;
 }
 
-/* FA3 when asked for (exec.kernel, or FLASHATTN_KERNEL=fa3 under AUTO), or under AUTO on compute capability 9.0
- * when it takes the problem; FA2 otherwise. *f is the family chosen, also when it declines the problem. */
-static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev,
-                            const fa_kernel_family **f) {
-    fa_kernel k = x->kernel;
-    *f          = &fa2_fwd_family;
-    if (k == FA_KERNEL_AUTO) {
+/* The family exec.kernel asks for, FLASHATTN_KERNEL=fa2|fa3 standing in for AUTO. */
+static fa_status kernel_choice(const fa_exec *x, fa_kernel *k) {
+    *k = x->kernel;
+    if (*k == FA_KERNEL_AUTO) {
         const char *env = kernel_env();
         if (env) {
-            if (!strcmp(env, "fa2")) k = FA_KERNEL_FA2;
-            else if (!strcmp(env, "fa3")) k = FA_KERNEL_FA3;
+            if (!strcmp(env, "fa2")) *k = FA_KERNEL_FA2;
+            else if (!strcmp(env, "fa3")) *k = FA_KERNEL_FA3;
             else return fa_fail(FA_ERR_INVALID_ARGUMENT, "FLASHATTN_KERNEL=%s is not fa2 or fa3", env);
         }
     }
+    return FA_OK;
+}
+
+/* FA3 when asked for, or under AUTO on compute capability 9.0 when it takes the problem; FA2 otherwise. *f is
+ * the family chosen, also when it declines the problem. */
+static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev,
+                            const fa_kernel_family **f) {
+    fa_kernel k;
+    *f = &fa2_fwd_family;
+    fa_status st = kernel_choice(x, &k);
+    if (st != FA_OK) return st;
     const int hopper = dev->cc_major == 9 && dev->cc_minor == 0;
     if (k == FA_KERNEL_FA3) {
         *f = &fa3_fwd_family;
@@ -294,15 +302,26 @@ static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_
     return fa2_fwd_family.supported(p, dev);
 }
 
-/* The backward always runs FA2 (FA3 is a forward kernel); exec.kernel does not change it. */
-static fa_status select_bwd(const fa_params *p, const fa_cuda_device *dev, const fa_kernel_family **f) {
+/* The FA3 backward where it takes the problem (unless FA2 is asked for), else FA2: a backward that FA3 cannot
+ * run falls back also when FA3 is asked for, so that a model's forward kernel choice holds for all its
+ * problems. */
+static fa_status select_bwd(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev,
+                            const fa_kernel_family **f) {
+    fa_kernel k;
     *f = &fa2_bwd_family;
+    fa_status st = kernel_choice(x, &k);
+    if (st != FA_OK) return st;
+    if (k != FA_KERNEL_FA2 && fa3_bwd_family.supported(p, dev) == FA_OK) {
+        *f = &fa3_bwd_family;
+        return FA_OK;
+    }
+    fa_clear_error();
     return fa2_bwd_family.supported(p, dev);
 }
 
 static fa_status select_family(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev, int backward,
                                const fa_kernel_family **f) {
-    return backward ? select_bwd(p, dev, f) : select_fwd(p, x, dev, f);
+    return backward ? select_bwd(p, x, dev, f) : select_fwd(p, x, dev, f);
 }
 
 /* A caller's workspace need not be aligned: the sizes the caller is told include this much slack, and the

@@ -119,50 +119,60 @@ size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
     return bwd_align(dq) + 2 * bwd_align((size_t)lse_n * sizeof(float));
 }
 
+/* The kernels' arguments for problem p with the workspace laid out as fa2_bwd_workspace_size counts it; also
+ * what the FA3 backward's pre- and post-pass (the same preprocess and convert kernels) read. */
+void fa2_bwd_args_make(const fa_params *p, int nsplit, void *workspace, fa2_bwd_args *a) {
+    const int64_t lse_n =
+        fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
+    const int64_t split_stride = fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim;
+    const size_t dq_bytes = (size_t)nsplit * (size_t)split_stride * sizeof(float);
+    memset(a, 0, sizeof(*a));
+    a->q = p->q, a->k = p->k, a->v = p->v, a->o = p->o, a->dout = p->dout, a->dq = p->dq, a->dk = p->dk, a->dv = p->dv;
+    a->cu_seqlens_q = p->cu_seqlens_q;
+    a->cu_seqlens_k = p->cu_seqlens_k;
+    a->lse = p->lse;
+    a->alibi_slopes = p->alibi_slopes;
+    a->alibi_batch_stride = p->alibi_batch_stride;
+    a->dq_accum = (float *)workspace;
+    a->lse2 = (float *)((char *)workspace + bwd_align(dq_bytes));
+    a->dsum = (float *)((char *)a->lse2 + bwd_align((size_t)lse_n * sizeof(float)));
+    a->dq_split_stride = split_stride;
+    a->total_q = p->total_q;
+    a->batch = p->batch;
+    a->seqlen_q = p->seqlen_q;
+    a->seqlen_k = p->seqlen_k;
+    a->heads_q = p->heads_q;
+    a->heads_kv = p->heads_kv;
+    a->group = p->heads_q / p->heads_kv;
+    a->scale = p->softmax_scale;
+    a->scale_log2 = p->softmax_scale * 1.4426950408889634f;
+    a->softcap = p->softcap;
+    a->softcap_arg = p->softcap > 0 ? p->softmax_scale / p->softcap : 0.0f;
+    a->window_left = p->window_left;
+    a->window_right = p->causal ? 0 : p->window_right;
+    a->deterministic = p->deterministic ? 1 : 0;
+    a->nsplit = nsplit;
+    a->chunk_pairs = 1;
+}
+
+/* Bytes of the fp32 dQ accumulator (all its slices), which the kernels expect zeroed. */
+size_t fa2_bwd_dq_accum_bytes(const fa2_bwd_args *a) {
+    return (size_t)a->nsplit * (size_t)a->dq_split_stride * sizeof(float);
+}
+
 fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
     fa_status st = fa2_bwd_supported(p, dev);
     if (st != FA_OK) return st;
     if (workspace == NULL) return fa_fail(FA_ERR_INTERNAL, "fa2 backward: no workspace");
 
-    const int64_t lse_n =
-        fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
     const int tile = bwd_tile(p->head_dim, dev);
-    const int nsplit = bwd_nsplit(p, dev, tile);
-    const int64_t split_stride = fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim;
-    const size_t dq_bytes = (size_t)nsplit * (size_t)split_stride * sizeof(float);
-
     fa2_bwd_args a;
-    memset(&a, 0, sizeof(a));
-    a.q = p->q, a.k = p->k, a.v = p->v, a.o = p->o, a.dout = p->dout, a.dq = p->dq, a.dk = p->dk, a.dv = p->dv;
-    a.cu_seqlens_q = p->cu_seqlens_q;
-    a.cu_seqlens_k = p->cu_seqlens_k;
-    a.lse = p->lse;
-    a.alibi_slopes = p->alibi_slopes;
-    a.alibi_batch_stride = p->alibi_batch_stride;
-    a.dq_accum = (float *)workspace;
-    a.lse2 = (float *)((char *)workspace + bwd_align(dq_bytes));
-    a.dsum = (float *)((char *)a.lse2 + bwd_align((size_t)lse_n * sizeof(float)));
-    a.dq_split_stride = split_stride;
-    a.total_q = p->total_q;
-    a.batch = p->batch;
-    a.seqlen_q = p->seqlen_q;
-    a.seqlen_k = p->seqlen_k;
-    a.heads_q = p->heads_q;
-    a.heads_kv = p->heads_kv;
-    a.group = p->heads_q / p->heads_kv;
-    a.scale = p->softmax_scale;
-    a.scale_log2 = p->softmax_scale * 1.4426950408889634f;
-    a.softcap = p->softcap;
-    a.softcap_arg = p->softcap > 0 ? p->softmax_scale / p->softcap : 0.0f;
-    a.window_left = p->window_left;
-    a.window_right = p->causal ? 0 : p->window_right;
-    a.deterministic = p->deterministic ? 1 : 0;
-    a.nsplit = nsplit;
+    fa2_bwd_args_make(p, bwd_nsplit(p, dev, tile), workspace, &a);
+    const size_t dq_bytes = fa2_bwd_dq_accum_bytes(&a);
     /* Under a causal mask a key block's work falls with its index: chunks of FA2_BWD_CHUNK_SMS * SMs CTAs start
      * the long blocks of several kv heads first (bwd_block_get). (Not in deterministic mode, whose CTAs walk
      * key blocks, nor for grids whose linear index would not fit 32 bits.) */
     const int kb = bwd_key_blocks(p, tile);
-    a.chunk_pairs = 1;
     if (a.window_right >= 0 && !a.deterministic && kb > 0 && (int64_t)kb * p->heads_kv * p->batch <= INT32_MAX)
         a.chunk_pairs = max(1, FA2_BWD_CHUNK_SMS * dev->sm_count / kb);
 

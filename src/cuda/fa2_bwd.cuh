@@ -143,6 +143,9 @@ static constexpr bool fa2_bwd_tiles_ordered(int i) {
 }
 static_assert(fa2_bwd_tiles_ordered(1), "fa2_bwd_tiles: rows of a head dim out of order");
 
+void fa2_bwd_args_make(const fa_params *p, int nsplit, void *workspace, fa2_bwd_args *a);
+size_t fa2_bwd_dq_accum_bytes(const fa2_bwd_args *a);
+
 #ifdef __CUDACC__
 
 /* Element offset of row r (token tok + r in varlen) of head h of batch entry b in tensor t. */

@@ -25,7 +25,7 @@
 /* Compiled in every pass; its binary version says whether this build carries sm_90a code. */
 __global__ void fa3_probe_kernel(void) {}
 
-static int fa3_has_sm90a_code(void) {
+int fa3_has_sm90a_code(void) {
     static int cached = -1; /* benign race: every thread computes the same value */
     if (cached < 0) {
         cudaFuncAttributes attr;
@@ -47,12 +47,12 @@ static int tma_stride_ok(int64_t stride_elems) {
     return stride_elems > 0 && stride_elems % 8 == 0 && stride_elems < ((int64_t)1 << 38);
 }
 
-static fa_status check_tensor(const char *name, const fa_tensor *t, int dense, int batch, int heads) {
-    if (!aligned16(t->data)) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: %s is not 16-byte aligned", name);
+fa_status fa3_check_tensor(const char *name, const fa_tensor *t, int dense, int batch, int heads) {
+    if (!aligned16(t->data)) return fa_fail(FA_ERR_UNSUPPORTED, "fa3: %s is not 16-byte aligned", name);
     if (!tma_stride_ok(t->stride_seq) || (heads > 1 && !tma_stride_ok(t->stride_head)) ||
         (dense && batch > 1 && !tma_stride_ok(t->stride_batch)))
         return fa_fail(FA_ERR_UNSUPPORTED,
-                       "fa3 forward: the strides of %s (batch %lld, seq %lld, head %lld) are not positive "
+                       "fa3: the strides of %s (batch %lld, seq %lld, head %lld) are not positive "
                        "multiples of 8 elements",
                        name, (long long)t->stride_batch, (long long)t->stride_seq, (long long)t->stride_head);
     return FA_OK;
@@ -84,10 +84,10 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
     if (dense ? (p->seqlen_q < 1 || p->seqlen_k < 1) : (p->total_q < 1 || p->total_k < 1))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: empty Q or K tensor");
     fa_status st;
-    if ((st = check_tensor("q", &p->q, dense, p->batch, p->heads_q)) != FA_OK) return st;
-    if ((st = check_tensor("k", &p->k, dense, p->batch, p->heads_kv)) != FA_OK) return st;
-    if ((st = check_tensor("v", &p->v, dense, p->batch, p->heads_kv)) != FA_OK) return st;
-    if ((st = check_tensor("o", &p->o, dense, p->batch, p->heads_q)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("q", &p->q, dense, p->batch, p->heads_q)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("k", &p->k, dense, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("v", &p->v, dense, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("o", &p->o, dense, p->batch, p->heads_q)) != FA_OK) return st;
     return FA_OK;
 }
 
@@ -199,19 +199,12 @@ static int longest_first_section(const fa_params *p, int right_bounded) {
     return (int)n;
 }
 
-/* 5-D view {64, rows, head_dim / 64, heads, batch} of a (batch, rows, heads, head_dim) tensor. */
+/* Tensor map of q, k, v or o. */
 static fa_status make_map(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int heads, int box_rows) {
     const int dense = !fa_is_varlen(p);
     const int64_t rows = t == &p->q || t == &p->o ? (dense ? p->seqlen_q : p->total_q)
                                                    : (dense ? p->seqlen_k : p->total_k);
-    const int batch = dense ? p->batch : 1;
-    const uint64_t dims[5] = {64, (uint64_t)rows, (uint64_t)(p->head_dim / 64), (uint64_t)heads, (uint64_t)batch};
-    /* A dimension of extent 1 is never stepped; give it a stride TMA accepts whatever the caller passed. */
-    const uint64_t strides[4] = {(uint64_t)t->stride_seq * 2, 128,
-                                 heads > 1 ? (uint64_t)t->stride_head * 2 : 16,
-                                 batch > 1 ? (uint64_t)t->stride_batch * 2 : 16};
-    const uint32_t box[5] = {64, (uint32_t)box_rows, (uint32_t)(p->head_dim / 64), 1, 1};
-    return fa3_tensor_map(map, p->dtype, t->data, dims, strides, box);
+    return fa3_tensor_map_rows(map, p, t, rows, heads, box_rows);
 }
 
 extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace,

@@ -147,9 +147,18 @@ fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block
 fa_status fa3_run_hdim128(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
 fa_status fa3_run_hdim256(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
 
+/* Whether this build carries sm_90a code (fa3_fwd.cu), and whether TMA can move tensor t (16-byte aligned,
+ * strides positive multiples of 8 elements; a message naming it when not). */
+int fa3_has_sm90a_code(void);
+fa_status fa3_check_tensor(const char *name, const fa_tensor *t, int dense, int batch, int heads);
+
 /* Tensor map of a 5-D tiled view with the 128-byte swizzle (tensor_map.cu); cached, thread-safe. */
 fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, const uint64_t dims[5],
                          const uint64_t strides_bytes[4], const uint32_t box[5]);
+/* The 5-D view {64, rows, head_dim / 64, heads, batch} of tensor t of problem p (rows: seqlen, or the packed
+ * tokens of a varlen batch, whose batch extent is 1), moving boxes of box_rows x head_dim (tensor_map.cu). */
+fa_status fa3_tensor_map_rows(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int64_t rows, int heads,
+                              int box_rows);
 
 /* Where a tile's keys are in global memory, for S computed again (fa3_mma_scores): written by the producer
  * beside the tile's geometry, in the same ring of four (see kSharedGeo in the kernel). */

@@ -57,10 +57,13 @@
 #define FA_HDIMS(X) FA_HDIM_X32(X) FA_HDIM_X64(X) FA_HDIM_X96(X) FA_HDIM_X128(X) FA_HDIM_X192(X) FA_HDIM_X256(X)
 /* The FA3 forward: those of 64, 128 and 256 that are compiled. */
 #define FA3_HDIMS(X) FA_HDIM_X64(X) FA_HDIM_X128(X) FA_HDIM_X256(X)
+/* The FA3 backward: those of 64 and 128 that are compiled. */
+#define FA3_BWD_HDIMS(X) FA_HDIM_X64(X) FA_HDIM_X128(X)
 
 /* The lists as string literals for messages: " 32 64 96 128 192 256" (a leading space). */
-#define FA_HDIM_WORD_(D) " " #D
-#define FA_HDIMS_STR     FA_HDIMS(FA_HDIM_WORD_)
-#define FA3_HDIMS_STR    FA3_HDIMS(FA_HDIM_WORD_)
+#define FA_HDIM_WORD_(D)  " " #D
+#define FA_HDIMS_STR      FA_HDIMS(FA_HDIM_WORD_)
+#define FA3_HDIMS_STR     FA3_HDIMS(FA_HDIM_WORD_)
+#define FA3_BWD_HDIMS_STR FA3_BWD_HDIMS(FA_HDIM_WORD_)
 
 #endif /* FLASHATTN_CUDA_HDIMS_H */

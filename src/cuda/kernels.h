@@ -40,6 +40,7 @@ typedef struct fa_kernel_family {
 extern const fa_kernel_family fa2_fwd_family;   /* fa2_fwd.cu */
 extern const fa_kernel_family fa2_bwd_family;   /* fa2_bwd.cu */
 extern const fa_kernel_family fa3_fwd_family;   /* fa3_fwd.cu */
+extern const fa_kernel_family fa3_bwd_family;   /* fa3_bwd.cu */
 extern const fa_kernel_family naive_fwd_family; /* naive.cu */
 extern const fa_kernel_family naive_bwd_family; /* naive.cu */
 
@@ -60,6 +61,12 @@ fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *works
 fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device *dev);
 size_t fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+
+/* FlashAttention-3 backward (TMA, wgmma, warp specialization; sm_90a only; dense batches, head dims 64 and
+ * 128): fa3_bwd.cu, with the FA2 backward's preprocess and convert kernels. */
+fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device *dev);
+size_t fa3_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
+fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
 /* Standard attention (S and P in device memory, cuBLAS): naive.cu. */
 fa_status naive_supported(const fa_params *p, const fa_cuda_device *dev, int backward);

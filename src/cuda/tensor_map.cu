@@ -61,7 +61,7 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
 
     pthread_once(&encode_once, encode_lookup);
     if (encode_tiled == NULL)
-        return fa_fail(FA_ERR_DEVICE, "fa3 forward: cuTensorMapEncodeTiled is not available from the driver (%s)",
+        return fa_fail(FA_ERR_DEVICE, "TMA: cuTensorMapEncodeTiled is not available from the driver (%s)",
                        cudaGetErrorString(encode_lookup_error));
     const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
     CUresult res = encode_tiled(map, dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -71,7 +71,7 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (res != CUDA_SUCCESS)
         return fa_fail(FA_ERR_DEVICE,
-                       "fa3 forward: cuTensorMapEncodeTiled failed (error %d) for dims {%llu, %llu, %llu, %llu, %llu}, "
+                       "TMA: cuTensorMapEncodeTiled failed (error %d) for dims {%llu, %llu, %llu, %llu, %llu}, "
                        "strides {%llu, %llu, %llu, %llu} bytes, box {%u, %u, %u, %u, %u}",
                        (int)res, (unsigned long long)dims[0], (unsigned long long)dims[1],
                        (unsigned long long)dims[2], (unsigned long long)dims[3], (unsigned long long)dims[4],
@@ -86,4 +86,16 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
     map_cache.maps[slot] = *map;
     pthread_mutex_unlock(&map_cache.lock);
     return FA_OK;
+}
+
+fa_status fa3_tensor_map_rows(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int64_t rows, int heads,
+                              int box_rows) {
+    const int batch = fa_is_varlen(p) ? 1 : p->batch;
+    const uint64_t dims[5] = {64, (uint64_t)rows, (uint64_t)(p->head_dim / 64), (uint64_t)heads, (uint64_t)batch};
+    /* A dimension of extent 1 is never stepped; give it a stride TMA accepts whatever the caller passed. */
+    const uint64_t strides[4] = {(uint64_t)t->stride_seq * 2, 128,
+                                 heads > 1 ? (uint64_t)t->stride_head * 2 : 16,
+                                 batch > 1 ? (uint64_t)t->stride_batch * 2 : 16};
+    const uint32_t box[5] = {64, (uint32_t)box_rows, (uint32_t)(p->head_dim / 64), 1, 1};
+    return fa3_tensor_map(map, p->dtype, t->data, dims, strides, box);
 }

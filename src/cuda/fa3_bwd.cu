@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fa3_bwd.cu - FlashAttention-3 backward for Hopper (sm_90a), host side: which problems it takes (the rest run
+ * the FA2 backward), the workspace (the FA2 backward's: fp32 dQ accumulator, LSE * log2(e), D), the tensor maps
+ * and the dispatch to the per-head-dim launchers (the kernel is in fa3_bwd.cuh).
+ *
+ * Query tile per head dim: 128 rows at head dim 64 and 64 at 128, so that dQ = dS K splits into one 64 x 64
+ * product per consumer warpgroup, and S^T, dP^T, dK and dV of a warpgroup's 64 keys fit its 240 registers.
+ */
+#include <string.h>
+
+#include "cuda/fa3_bwd.cuh"
+
+static int fa3_bwd_block_m(int head_dim) {
+    return head_dim == 64 ? 128 : 64;
+}
+
+extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device *dev) {
+    if (dev->cc_major != 9 || dev->cc_minor != 0)
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: needs compute capability 9.0 (device %d has %d.%d)",
+                       dev->ordinal, dev->cc_major, dev->cc_minor);
+    if (!fa3_has_sm90a_code())
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: this library was built without sm_90a code");
+    switch (p->head_dim) {
+#define FA3_BWD_CASE(D) case D:
+        FA3_BWD_HDIMS(FA3_BWD_CASE)
+#undef FA3_BWD_CASE
+        break;
+    default:
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: head_dim %d (compiled:" FA3_BWD_HDIMS_STR ")", p->head_dim);
+    }
+    if (fa_is_varlen(p)) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: varlen batches run the FA2 backward");
+    if (p->deterministic) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: deterministic mode runs the FA2 backward");
+    if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: ALiBi runs the FA2 backward");
+    if (p->seqlen_q < 1 || p->seqlen_k < 1) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: empty Q or K");
+    if ((int64_t)((p->seqlen_k + 127) / 128) * p->heads_kv > INT32_MAX || p->batch > 65535 || p->heads_kv > 65535)
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: grid too large");
+    /* the pre- and post-pass are the FA2 backward's, with its requirements (dtype, alignment, strides) */
+    fa_status st = fa2_bwd_supported(p, dev);
+    if (st != FA_OK) return st;
+    if ((st = fa3_check_tensor("q", &p->q, 1, p->batch, p->heads_q)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("k", &p->k, 1, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("v", &p->v, 1, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("dout", &p->dout, 1, p->batch, p->heads_q)) != FA_OK) return st;
+    return FA_OK;
+}
+
+extern "C" size_t fa3_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
+    return fa2_bwd_workspace_size(p, dev);
+}
+
+extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
+    fa_status st = fa3_bwd_supported(p, dev);
+    if (st != FA_OK) return st;
+    if (workspace == NULL) return fa_fail(FA_ERR_INTERNAL, "fa3 backward: no workspace");
+
+    fa3_bwd_args a;
+    memset(&a, 0, sizeof a);
+    fa2_bwd_args_make(p, 1, workspace, &a.b);
+    a.key_blocks = (p->seqlen_k + 127) / 128;
+    const int block_m = fa3_bwd_block_m(p->head_dim);
+    CUtensorMap maps[4]; /* q, k, v, dout */
+    if ((st = fa3_tensor_map_rows(&maps[0], p, &p->q, p->seqlen_q, p->heads_q, block_m)) != FA_OK ||
+        (st = fa3_tensor_map_rows(&maps[1], p, &p->k, p->seqlen_k, p->heads_kv, 128)) != FA_OK ||
+        (st = fa3_tensor_map_rows(&maps[2], p, &p->v, p->seqlen_k, p->heads_kv, 128)) != FA_OK ||
+        (st = fa3_tensor_map_rows(&maps[3], p, &p->dout, p->seqlen_q, p->heads_q, block_m)) != FA_OK)
+        return st;
+    st = fa_cuda_status(cudaMemsetAsync(a.b.dq_accum, 0, fa2_bwd_dq_accum_bytes(&a.b), stream),
+                        "fa3 backward dQ accumulator reset");
+    if (st != FA_OK) return st;
+    const int bf16 = p->dtype == FA_BF16;
+    switch (p->head_dim) {
+#if FA_HAS_HDIM_64
+    case 64: return fa3_bwd_run_hdim64(&a, maps, bf16, stream);
+#endif
+#if FA_HAS_HDIM_128
+    case 128: return fa3_bwd_run_hdim128(&a, maps, bf16, stream);
+#endif
+    default: return fa_fail(FA_ERR_INTERNAL, "fa3 backward: no launcher for head_dim %d", p->head_dim);
+    }
+}
+
+const fa_kernel_family fa3_bwd_family = { "fa3 backward", fa3_bwd_supported, fa3_bwd_workspace_size, fa3_bwd_run };

@@ -1,0 +1,489 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fa3_bwd.cuh - the FlashAttention-3 backward kernel for Hopper (sm_90a) and its launcher, included by the
+ * per-head-dim instantiation files fa3_bwd_hdim*.cu.
+ *
+ * The pre- and post-pass are the FA2 backward's (fa2_bwd.cuh): preprocess writes D = rowsum(dO * O) and
+ * LSE * log2(e) (+inf where a row sees no key), convert scales the fp32 dQ accumulator into dQ. Between them
+ * one CTA per (key block of BN rows, kv head, batch) keeps K and V in shared memory and dK, dV in registers,
+ * and walks the query blocks of BM rows that see its keys, for every query head of its GQA group:
+ *   warpgroup 0  producer: thread 0 issues the TMA loads, K and V once, then Q and dO per step into a
+ *                STAGES-deep ring (fa3_pipe); warp 1 copies the step's LSE * log2(e) and D rows beside them
+ *                (+inf and 0 past the sequence, so that those queries get P = 0 without a mask).
+ *   warpgroups 1, 2  consumers, 64 key rows each (the A operand of every product is the warpgroup's own rows):
+ *                S^T = K Q^T and dP^T = V dO^T (wgmma, both operands K-major in shared memory);
+ *                P^T = exp2(S^T scale log2(e) - LSE2), dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap];
+ *                dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers (dO, Q MN-major);
+ *                dS^T to shared memory, then dQ = dS K for 64 x 64 of the step's dQ (the rows of one
+ *                warpgroup's queries when BM = 128, the columns of one 64-wide slab of the head dim when
+ *                BM = 64), added to the fp32 accumulator with 16-byte reductions in fa2_bwd_dq_index's order.
+ * dK (times the softmax scale) and dV are stored from registers after the last step.
+ *
+ * Shared-memory tiles are [D / 64 slabs][rows][64 elements] with the 128-byte swizzle (as TMA writes them),
+ * each 1024-byte aligned; dS^T is [BM / 64 slabs][BN key rows][64 queries], double-buffered so that one
+ * barrier per step orders its writes after the previous step's dQ products.
+ *
+ * Parts: fa3_bwd_cfg (tile shapes, shared-memory layout, barriers, register split), fa3_bwd_blocks (the query
+ * blocks that see a key block, and which need a mask), fa3_bwd_step (the head and query block of a step); for
+ * the consumers fa3_bwd_issue_sdp, fa3_bwd_probs, fa3_bwd_dscores, fa3_bwd_issue_dkdv, fa3_bwd_store_ds,
+ * fa3_bwd_issue_dq, fa3_bwd_add_dq and fa3_bwd_store_dkdv.
+ */
+#ifndef FLASHATTN_CUDA_FA3_BWD_CUH
+#define FLASHATTN_CUDA_FA3_BWD_CUH
+
+#include <climits>
+
+#include "cuda/fa2_bwd.cuh"
+#include "cuda/fa3_fwd.cuh"
+
+/* What the kernel reads besides the tensor maps: the FA2 backward's arguments (workspace pointers, shapes,
+ * scales, window) and the key blocks per (kv head, batch). */
+struct fa3_bwd_args {
+    fa2_bwd_args b;
+    int key_blocks;
+};
+
+template <int D, int BM>
+struct fa3_bwd_cfg {
+    static constexpr int kBN = 128;      /* key rows per CTA: 64 per consumer warpgroup */
+    static constexpr int kStages = 2;    /* Q / dO ring */
+    static constexpr int kThreads = 384; /* producer + two consumer warpgroups */
+    static constexpr int kKVBytes = kBN * D * 2;
+    static constexpr int kQBytes = BM * D * 2;
+    static constexpr int kDSBytes = kBN * BM * 2;
+    static constexpr int kOffK = 0;
+    static constexpr int kOffV = kOffK + kKVBytes;
+    static constexpr int kOffQ = kOffV + kKVBytes;
+    static constexpr int kOffDO = kOffQ + kStages * kQBytes;
+    static constexpr int kOffDS = kOffDO + kStages * kQBytes;
+    static constexpr int kOffRows = kOffDS + 2 * kDSBytes; /* per stage: LSE2[BM], then D[BM] */
+    static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;
+    static constexpr int kBarKV = 0;                         /* K and V loaded */
+    static constexpr int kBarFull = 8;                       /* per stage: Q, dO (TMA) and the rows */
+    static constexpr int kBarEmpty = kBarFull + 8 * kStages; /* per stage: every consumer warp is done */
+    static constexpr int kSmemBytes = kOffBar + kBarEmpty + 8 * kStages + 1024; /* + aligning the base */
+    /* The producer needs few registers; 24 + 2 x 240 = 3 x 168. */
+    static constexpr int kRegsProducer = 24;
+    static constexpr int kRegsConsumer = 240;
+    /* dQ = dS K per consumer warpgroup: 64 query rows x 64 columns. */
+    static constexpr bool kDQByRows = BM == 128;
+    static_assert((BM == 128 && D == 64) || (BM == 64 && D == 128), "dQ splits into two 64 x 64 products");
+    static_assert(kSmemBytes <= 232448, "shared memory");
+
+    static __device__ __forceinline__ void init_barriers(uint32_t bars) {
+        hp_mbar_init(bars + kBarKV, 1);
+        for (int i = 0; i < kStages; ++i) {
+            hp_mbar_init(bars + kBarFull + 8 * i, 1 + 32); /* the TMA thread, and warp 1's lanes */
+            hp_mbar_init(bars + kBarEmpty + 8 * i, 256);   /* every consumer thread (each read the rows) */
+        }
+        hp_fence_barrier_init();
+    }
+};
+
+/* The query blocks [lo, hi) that see some key of a key block; the blocks outside [mask_lo, mask_hi) hold an
+ * invisible pair or a key past the sequence and need a mask. Key n and query m see each other when dlo <= n - m - off
+ * <= dhi (off = len_k - len_q: the bottom-right alignment). */
+struct fa3_bwd_blocks {
+    int lo, hi, mask_lo, mask_hi;
+};
+
+static __device__ __forceinline__ long long fa3_floor_div(long long x, int d) {
+    return x >= 0 ? x / d : -((-x + d - 1) / d);
+}
+
+template <int BM, int BN>
+static __device__ __forceinline__ fa3_bwd_blocks fa3_bwd_blocks_get(int n0, int len_q, int len_k, int wl, int wr) {
+    const long long off = (long long)len_k - len_q, n_last = min(n0 + BN, len_k) - 1;
+    /* queries [m_lo, m_hi) see some key of [n0, n_last] */
+    long long m_lo = 0, m_hi = len_q;
+    if (wr >= 0) m_lo = max(m_lo, n0 - off - wr);
+    if (wl >= 0) m_hi = min(m_hi, n_last - off + wl + 1);
+    fa3_bwd_blocks r;
+    r.lo = (int)(m_lo / BM);
+    r.hi = m_hi > m_lo ? (int)((m_hi + BM - 1) / BM) : r.lo;
+    if (n0 + BN > len_k) { /* keys past the sequence: every block masks them */
+        r.mask_lo = r.mask_hi = r.lo;
+        return r;
+    }
+    /* block mb is mask-free when for its queries m0 .. m0 + BM - 1 (m0 = mb BM) and every key of the block
+     * n0 - (m0 + BM - 1) - off >= -wl and n0 + BN - 1 - m0 - off <= wr */
+    long long free_lo = r.lo, free_hi = r.hi;
+    if (wr >= 0) free_lo = max(free_lo, -fa3_floor_div(-(n0 + BN - 1 - off - wr), BM));
+    if (wl >= 0) free_hi = min(free_hi, fa3_floor_div(n0 - off + wl - BM + 1, BM) + 1);
+    if (free_hi < free_lo) free_hi = free_lo;
+    r.mask_lo = (int)free_lo;
+    r.mask_hi = (int)free_hi;
+    return r;
+}
+
+/* Step t of a CTA: query head group_head0 + t / nmb, query block lo + t % nmb. */
+struct fa3_bwd_step {
+    int hq, mb;
+};
+static __device__ __forceinline__ fa3_bwd_step fa3_bwd_step_get(int t, int nmb, int lo, int hq0) {
+    fa3_bwd_step s;
+    s.hq = hq0 + t / nmb;
+    s.mb = lo + t % nmb;
+    return s;
+}
+
+#if FA_SM90A
+
+/* S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 key rows: D / 16 wgmma steps each, one commit group
+ * each (S^T first). */
+template <int D, int BM, bool BF16>
+static __device__ __forceinline__ void fa3_bwd_issue_sdp(float (&s)[BM / 2], float (&dp)[BM / 2], uint32_t s_k,
+                                                         uint32_t s_v, uint32_t s_q, uint32_t s_do) {
+    constexpr int kBN = fa3_bwd_cfg<D, BM>::kBN;
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) hp_fence_reg(s[i]), hp_fence_reg(dp[i]);
+    hp_wgmma_fence();
+    const uint64_t dk = hp_desc_sw128(s_k, 16, 1024), dq = hp_desc_sw128(s_q, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        fa3_wgmma_ss<BM, BF16>(s, hp_desc_add(dk, ((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4),
+                               hp_desc_add(dq, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4), kk > 0);
+    hp_wgmma_commit();
+    const uint64_t dv = hp_desc_sw128(s_v, 16, 1024), ddo = hp_desc_sw128(s_do, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        fa3_wgmma_ss<BM, BF16>(dp, hp_desc_add(dv, ((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4),
+                               hp_desc_add(ddo, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4), kk > 0);
+    hp_wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) hp_fence_reg(s[i]), hp_fence_reg(dp[i]);
+}
+
+/* Where a thread's accumulator elements sit: element i of an m64 x N fragment is (row0 + 8 ((i >> 1) & 1),
+ * 8 (i >> 2) + col0 + (i & 1)). */
+struct fa3_bwd_frag {
+    int row0; /* 16 warp + lane / 4 */
+    int col0; /* 2 (lane % 4) */
+};
+
+/* P^T = exp2(S^T scale log2(e) - LSE2) in place (softcap: S^T -> softcap tanh(S^T scale / softcap), and
+ * dfac = 1 - tanh^2 kept for dS). MASKED: pairs outside the window or keys past the sequence get P = 0.
+ * dist0 = key row0 - (query col0 + off). */
+template <int BM, bool MASKED, bool SOFTCAP>
+static __device__ __forceinline__ void fa3_bwd_probs(float (&s)[BM / 2], float (&dfac)[SOFTCAP ? BM / 2 : 1],
+                                                     const float *lse2, const fa3_bwd_frag &f, const fa2_bwd_args &a,
+                                                     int dist0, int rows_left) {
+    const int dlo = a.window_left >= 0 ? -a.window_left : INT_MIN, dhi = a.window_right >= 0 ? a.window_right : INT_MAX;
+    const float cap_log2 = a.softcap * FA_LOG2E;
+#pragma unroll
+    for (int c = 0; c < BM / 8; ++c) {
+        const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * c + f.col0);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = 4 * c + e;
+            float x = s[i];
+            if constexpr (SOFTCAP) {
+                const float th = hp_tanh(x * a.softcap_arg);
+                x = th * cap_log2;
+                dfac[i] = 1.f - th * th;
+            } else {
+                x *= a.scale_log2;
+            }
+            float p = hp_exp2(x - ((e & 1) ? l2.y : l2.x));
+            if constexpr (MASKED) {
+                const int dr = 8 * (e >> 1), dist = dist0 + dr - 8 * c - (e & 1);
+                if (!(dr < rows_left && dist >= dlo && dist <= dhi)) p = 0.f;
+            }
+            s[i] = p;
+        }
+    }
+}
+
+/* dS^T = P^T (dP^T - D) [dfac] in place of dP^T. */
+template <int BM, bool SOFTCAP>
+static __device__ __forceinline__ void fa3_bwd_dscores(float (&dp)[BM / 2], const float (&p)[BM / 2],
+                                                       const float (&dfac)[SOFTCAP ? BM / 2 : 1], const float *dsum,
+                                                       const fa3_bwd_frag &f) {
+#pragma unroll
+    for (int c = 0; c < BM / 8; ++c) {
+        const float2 dd = *reinterpret_cast<const float2 *>(dsum + 8 * c + f.col0);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = 4 * c + e;
+            float ds = p[i] * (dp[i] - ((e & 1) ? dd.y : dd.x));
+            if constexpr (SOFTCAP) ds *= dfac[i];
+            dp[i] = ds;
+        }
+    }
+}
+
+/* dV += P^T dO and dK += dS^T Q: BM / 16 wgmma steps each along the queries, A from registers, dO and Q
+ * MN-major; one commit group. */
+template <int D, int BM, bool BF16>
+static __device__ __forceinline__ void fa3_bwd_issue_dkdv(float (&dv)[D / 2], float (&dk)[D / 2], uint32_t (&p)[BM / 4],
+                                                          uint32_t (&ds)[BM / 4], uint32_t s_q, uint32_t s_do) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) hp_fence_reg(dv[i]), hp_fence_reg(dk[i]);
+#pragma unroll
+    for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p[i]), hp_fence_reg(ds[i]);
+    hp_wgmma_fence();
+    const uint64_t ddo = hp_desc_sw128(s_do, BM * 128, 1024), dq = hp_desc_sw128(s_q, BM * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+        fa3_wgmma_rs<D, BF16>(dv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                              hp_desc_add(ddo, (kk * 2048) >> 4), 1);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+        fa3_wgmma_rs<D, BF16>(dk, ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3],
+                              hp_desc_add(dq, (kk * 2048) >> 4), 1);
+    hp_wgmma_commit();
+}
+
+/* The warpgroup's dS^T rows (64 keys x BM queries, 16-bit pairs in A-fragment order) into the swizzled dS^T
+ * tile at s_ds, key rows from row_base on. */
+template <int BM, int BN>
+static __device__ __forceinline__ void fa3_bwd_store_ds(const uint32_t (&ds)[BM / 4], uint32_t s_ds, int row_base,
+                                                        const fa3_bwd_frag &f) {
+#pragma unroll
+    for (int i = 0; i < BM / 4; ++i) {
+        /* pair i = accumulator elements 2i, 2i + 1: row row0 + 8 (i & 1), columns 8 (i >> 1) + col0 */
+        const int r = row_base + f.row0 + 8 * (i & 1), col = 8 * (i >> 1) + f.col0;
+        const uint32_t addr =
+            s_ds + (col / 64) * (BN * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 2 * (col % 8);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(ds[i]) : "memory");
+    }
+}
+
+/* dQ (64 x 64) = dS K over the BN keys: A = dS^T slab (MN-major), B = one 64-column slab of K (MN-major). */
+template <int BN, bool BF16>
+static __device__ __forceinline__ void fa3_bwd_issue_dq(float (&dq)[32], uint32_t s_ds_slab, uint32_t s_k_slab) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
+    hp_wgmma_fence();
+    const uint64_t da = hp_desc_sw128(s_ds_slab, BN * 128, 1024), db = hp_desc_sw128(s_k_slab, BN * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        fa3_wgmma_ss_mn<64, BF16>(dq, hp_desc_add(da, (kk * 2048) >> 4), hp_desc_add(db, (kk * 2048) >> 4), kk > 0);
+    hp_wgmma_commit();
+}
+
+/* Adds dQ (rows q_row0.., columns col_base..col_base + 63 of head hq) to the fp32 accumulator: per row and
+ * 16-column group, the thread's four values are adjacent there (fa2_bwd_dq_pos), one 16-byte reduction. */
+template <int D>
+static __device__ __forceinline__ void fa3_bwd_add_dq(const float (&dq)[32], float *dq_accum, int64_t tok0,
+                                                      int rows_left, int hq, int heads_q, int col_base,
+                                                      const fa3_bwd_frag &f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = f.row0 + 8 * h;
+        if (r >= rows_left) continue;
+        float *row = dq_accum + fa2_bwd_dq_index(tok0 + r, hq, col_base + f.col0, heads_q, D);
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            const float4 v =
+                make_float4(dq[8 * g + 2 * h], dq[8 * g + 2 * h + 1], dq[8 * g + 4 + 2 * h], dq[8 * g + 4 + 2 * h + 1]);
+            atomicAdd(reinterpret_cast<float4 *>(row + 128 * g), v);
+        }
+    }
+}
+
+/* dK (times the softmax scale) and dV of the warpgroup's key rows from registers. */
+template <int D, typename T>
+static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 2], const float (&dv)[D / 2],
+                                                          const fa2_bwd_args &a, int b, int hk, int64_t tok_k,
+                                                          int row_base, int rows_left, const fa3_bwd_frag &f) {
+    constexpr bool BF16 = fa3_elem_traits<T>::kBF16;
+    T *gdk = (T *)a.dk.data, *gdv = (T *)a.dv.data;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row_base + f.row0 + 8 * h;
+        if (r >= rows_left) continue;
+        T *k_row =
+            gdk + (int64_t)b * a.dk.stride_batch + (tok_k + r) * a.dk.stride_seq + (int64_t)hk * a.dk.stride_head;
+        T *v_row =
+            gdv + (int64_t)b * a.dv.stride_batch + (tok_k + r) * a.dv.stride_seq + (int64_t)hk * a.dv.stride_head;
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c) {
+            const int col = 8 * c + f.col0, i = 4 * c + 2 * h;
+            *reinterpret_cast<uint32_t *>(k_row + col) = fa3_pack<BF16>(dk[i] * a.scale, dk[i + 1] * a.scale);
+            *reinterpret_cast<uint32_t *>(v_row + col) = fa3_pack<BF16>(dv[i], dv[i + 1]);
+        }
+    }
+}
+
+#endif /* FA_SM90A */
+
+/* Named barrier of the two consumer warpgroups (id 0 is __syncthreads). */
+#define FA3_BWD_BAR_DS 1
+
+template <int D, int BM, typename T, bool SOFTCAP>
+__global__ void __launch_bounds__(384, 1)
+    fa3_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                   const __grid_constant__ fa3_bwd_args args) {
+#if FA_SM90A
+    typedef fa3_bwd_cfg<D, BM> C;
+    constexpr int BN = C::kBN, STAGES = C::kStages;
+    constexpr bool BF16 = fa3_elem_traits<T>::kBF16;
+    const fa2_bwd_args &a = args.b;
+
+    uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = hp_smem_addr(smem);
+    const uint32_t s_k = base + C::kOffK, s_v = base + C::kOffV, s_q = base + C::kOffQ, s_do = base + C::kOffDO;
+    const uint32_t s_ds = base + C::kOffDS, bars = base + C::kOffBar;
+    float *rows = (float *)(smem + C::kOffRows);
+
+    /* reversed: under a causal mask the first key blocks have the most query blocks; they start first */
+    const int nb = args.key_blocks - 1 - (int)blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const bwd_seq sq = bwd_seq_get(a, b);
+    const int n0 = nb * BN;
+    const fa3_bwd_blocks blk = fa3_bwd_blocks_get<BM, BN>(n0, sq.len_q, sq.len_k, a.window_left, a.window_right);
+    const int nmb = blk.hi - blk.lo, nsteps = nmb * a.group, hq0 = hk * a.group;
+
+    if (threadIdx.x == 0) C::init_barriers(bars);
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+    if (wg == 0) {
+        hp_setmaxnreg_dec<C::kRegsProducer>();
+        const int warp = threadIdx.x / 32;
+        if (threadIdx.x == 0 && nsteps > 0) {
+            hp_prefetch_tensor_map(&tm_q);
+            hp_prefetch_tensor_map(&tm_do);
+            hp_mbar_arrive_expect_tx(bars + C::kBarKV, 2 * C::kKVBytes);
+            hp_tma_load_5d(s_k, &tm_k, bars + C::kBarKV, 0, n0, 0, hk, b);
+            hp_tma_load_5d(s_v, &tm_v, bars + C::kBarKV, 0, n0, 0, hk, b);
+            for (int t = 0; t < nsteps; ++t) {
+                const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, blk.lo, hq0);
+                const int slot = fa3_pipe<STAGES>::stage(t);
+                hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
+                hp_mbar_arrive_expect_tx(bars + C::kBarFull + 8 * slot, 2 * C::kQBytes);
+                hp_tma_load_5d(s_q + slot * C::kQBytes, &tm_q, bars + C::kBarFull + 8 * slot, 0, st.mb * BM, 0, st.hq,
+                               b);
+                hp_tma_load_5d(s_do + slot * C::kQBytes, &tm_do, bars + C::kBarFull + 8 * slot, 0, st.mb * BM, 0, st.hq,
+                               b);
+            }
+        } else if (warp == 1) {
+            for (int t = 0; t < nsteps; ++t) {
+                const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, blk.lo, hq0);
+                const int slot = fa3_pipe<STAGES>::stage(t);
+                hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
+                float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
+#pragma unroll
+                for (int r = lane; r < BM; r += 32) {
+                    const int m = st.mb * BM + r;
+                    const bool in = m < sq.len_q;
+                    const int64_t li = in ? bwd_lse_index(a, b, sq.tok_q, m, st.hq) : 0;
+                    lse2[r] = in ? a.lse2[li] : INFINITY;
+                    dsum[r] = in ? a.dsum[li] : 0.f;
+                }
+                hp_mbar_arrive(bars + C::kBarFull + 8 * slot);
+            }
+        }
+        return;
+    }
+
+    hp_setmaxnreg_inc<C::kRegsConsumer>();
+    const int c = wg - 1, warp_in_wg = (threadIdx.x % 128) / 32;
+    fa3_bwd_frag f;
+    f.row0 = 16 * warp_in_wg + lane / 4;
+    f.col0 = 2 * (lane % 4);
+    const int row_base = 64 * c;                    /* the warpgroup's key rows in the block */
+    const int keys_left = sq.len_k - n0 - row_base; /* key rows of the warpgroup inside the sequence */
+    const int off = sq.len_k - sq.len_q;
+
+    float dv[D / 2], dk[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dv[i] = 0.f, dk[i] = 0.f;
+
+    if (nsteps > 0) hp_mbar_wait(bars + C::kBarKV, 0);
+    const uint32_t s_k_rows = s_k + row_base * 128, s_v_rows = s_v + row_base * 128;
+    /* dQ: this warpgroup's 64 x 64 part (C::kDQByRows: query rows 64 c.., else head-dim columns 64 c..) */
+    const uint32_t s_ds_part = C::kDQByRows ? c * (BN * 128) : 0;
+    const uint32_t s_k_part = s_k + (C::kDQByRows ? 0 : c * (BN * 128));
+    const int dq_row0 = C::kDQByRows ? 64 * c : 0, dq_col0 = C::kDQByRows ? 0 : 64 * c;
+
+    for (int t = 0; t < nsteps; ++t) {
+        const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, blk.lo, hq0);
+        const int slot = fa3_pipe<STAGES>::stage(t);
+        const int m0 = st.mb * BM;
+        hp_mbar_wait(bars + C::kBarFull + 8 * slot, fa3_pipe<STAGES>::phase(t));
+        const uint32_t q_tile = s_q + slot * C::kQBytes, do_tile = s_do + slot * C::kQBytes;
+        const float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
+
+        float s[BM / 2], dp[BM / 2];
+        fa3_bwd_issue_sdp<D, BM, BF16>(s, dp, s_k_rows, s_v_rows, q_tile, do_tile);
+
+        float dfac[SOFTCAP ? BM / 2 : 1];
+        hp_wgmma_wait<1>();
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) hp_fence_reg(s[i]);
+        const int dist0 = (n0 + row_base + f.row0) - (m0 + f.col0 + off);
+        if (st.mb >= blk.mask_lo && st.mb < blk.mask_hi)
+            fa3_bwd_probs<BM, false, SOFTCAP>(s, dfac, lse2, f, a, dist0, keys_left - f.row0);
+        else
+            fa3_bwd_probs<BM, true, SOFTCAP>(s, dfac, lse2, f, a, dist0, keys_left - f.row0);
+        hp_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) hp_fence_reg(dp[i]);
+        fa3_bwd_dscores<BM, SOFTCAP>(dp, s, dfac, dsum, f);
+
+        uint32_t p16[BM / 4], ds16[BM / 4];
+        fa3_convert_p<BM, BF16>(s, p16);
+        fa3_convert_p<BM, BF16>(dp, ds16);
+        fa3_bwd_issue_dkdv<D, BM, BF16>(dv, dk, p16, ds16, q_tile, do_tile);
+
+        /* dS^T into this step's buffer; the barrier also tells that both warpgroups finished the previous step,
+         * whose dQ products read the other buffer */
+        const uint32_t ds_buf = s_ds + (t & 1) * C::kDSBytes;
+        fa3_bwd_store_ds<BM, BN>(ds16, ds_buf, row_base, f);
+        hp_fence_proxy_async();
+        hp_bar_sync(FA3_BWD_BAR_DS, 256);
+
+        float dq[32];
+        fa3_bwd_issue_dq<BN, BF16>(dq, ds_buf + s_ds_part, s_k_part);
+        hp_wgmma_wait<1>(); /* dV, dK done: Q and dO may be refilled */
+#pragma unroll
+        for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p16[i]), hp_fence_reg(ds16[i]);
+        hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
+        hp_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
+        fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + m0 + dq_row0, sq.len_q - m0 - dq_row0, st.hq, a.heads_q, dq_col0,
+                          f);
+    }
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    fa3_bwd_store_dkdv<D, T>(dk, dv, a, varlen ? 0 : b, hk, varlen ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
+#endif /* FA_SM90A */
+}
+
+/* Launches the FA2 preprocess, this kernel and the FA2 convert for one head dim (dQaccum already zeroed). */
+template <int D, int BM, bool BF16, bool SOFTCAP>
+static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
+    typedef typename fa3_elem<BF16>::type T;
+    typedef fa3_bwd_cfg<D, BM> C;
+    const dim3 rows_grid((a->b.seqlen_q + 63) / 64, a->b.heads_q, a->b.batch);
+    if (a->b.seqlen_q > 0) {
+        fa2_bwd_preprocess_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a->b);
+        fa_status st = fa_cuda_status(cudaGetLastError(), "fa3 backward preprocess launch");
+        if (st != FA_OK) return st;
+    }
+    if (a->key_blocks > 0) {
+        void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_bwd_args) =
+            fa3_bwd_kernel<D, BM, T, SOFTCAP>;
+        cudaError_t err =
+            cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+        if (err != cudaSuccess) return fa_cuda_status(err, "fa3 backward: setting the shared-memory size");
+        const dim3 grid(a->key_blocks, a->b.heads_kv, a->b.batch);
+        kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(*tm_q, *tm_k, *tm_v, *tm_do, *a);
+        fa_status st = fa_cuda_status(cudaGetLastError(), "fa3 backward launch");
+        if (st != FA_OK) return st;
+    }
+    if (a->b.seqlen_q > 0) {
+        fa2_bwd_convert_dq_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a->b);
+        return fa_cuda_status(cudaGetLastError(), "fa3 backward convert launch");
+    }
+    return FA_OK;
+}
+
+/* Per head dim launchers (fa3_bwd_hdim*.cu). */
+fa_status fa3_bwd_run_hdim64(const fa3_bwd_args *a, const CUtensorMap *maps, int bf16, cudaStream_t stream);
+fa_status fa3_bwd_run_hdim128(const fa3_bwd_args *a, const CUtensorMap *maps, int bf16, cudaStream_t stream);
+
+#endif /* FLASHATTN_CUDA_FA3_BWD_CUH */
