@@ -14,6 +14,7 @@ reference always passes an explicit bottom-right boolean mask.
 
 import contextlib
 import shutil
+import warnings
 
 import pytest
 
@@ -518,6 +519,45 @@ def test_eager_path_still_checks(device):
         bad = torch.tensor([0, 17, 16], dtype=torch.int32)
         with pytest.raises(ValueError, match="cu_seqlens_q"):
             flash_attn_varlen_func(packed, packed, packed, bad, cu, 17, 10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_path_signature_changes_miss(device):
+    """After a signature is cached, a call that differs in one tensor's dtype, shape, strides or device, or in
+    alibi_slopes, is checked afresh: it raises what the first call of it raises, or computes what the custom
+    ops compute."""
+    dtype = _dtypes(device)[0]
+    q, k, v = (torch.randn(1, 16, 2, 64, device=device, dtype=dtype) for _ in range(3))
+    flash_attn_func(q, k, v)
+    other = torch.float32 if dtype != torch.float32 else torch.float16
+    with pytest.raises(TypeError, match="k has dtype"):
+        flash_attn_func(q, k.to(other), v)
+    with pytest.raises(TypeError, match="v has dtype"):
+        flash_attn_func(q, k, v.to(other))
+    with pytest.raises(ValueError, match="v must have the shape of k"):
+        flash_attn_func(q, k, v[:, :8])
+    with pytest.raises(ValueError, match="k is on meta"):
+        flash_attn_func(q, torch.empty_like(k, device="meta"), v)
+    with pytest.raises(ValueError, match="v must be contiguous in its last dimension"):
+        flash_attn_func(q, k, torch.randn(1, 16, 2, 128, device=device, dtype=dtype)[..., ::2])
+    with pytest.raises(ValueError, match="alibi_slopes must have shape"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.rand(3, device=device))
+    # other strides of one shape: a new signature, computed as the custom ops compute it
+    for strided in (torch.randn(1, 2, 16, 64, device=device, dtype=dtype).transpose(1, 2),
+                    torch.randn(1, 16, 4, 64, device=device, dtype=dtype)[:, :, ::2]):
+        q2 = strided.copy_(q)
+        assert not q2.is_contiguous()
+        assert torch.equal(flash_attn_func(q2, k, v), _op_path(q, k, v)[0])
+
+
+def test_eager_path_under_vmap():
+    """functorch's transforms take the custom ops (a batched tensor has no data pointer to prepare)."""
+    q, k, v = (torch.randn(3, 1, 16, 2, 64) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch's note that the op has no batching rule
+        got = torch.func.vmap(flash_attn_func)(q, k, v)
+    for i in range(3):
+        assert torch.equal(got[i], flash_attn_func(q[i], k[i], v[i]))
 
 
 @needs_cuda
