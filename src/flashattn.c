@@ -359,10 +359,12 @@ static fa_status check_memory(const fa_params *p, int backward) {
     };
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
         if (!views[i].used) continue;
-        char what[16];
-        snprintf(what, sizeof what, "%s.data", views[i].name);
-        if ((st = check_aligned(views[i].t->data, (size_t)es, what)) ||
-            (st = tensor_span(views[i].t, views[i].name, b, views[i].rows, views[i].heads, p->head_dim, es, varlen,
+        if ((uintptr_t)views[i].t->data % (size_t)es) { /* the name is formatted only for the message */
+            char what[16];
+            snprintf(what, sizeof what, "%s.data", views[i].name);
+            return check_aligned(views[i].t->data, (size_t)es, what);
+        }
+        if ((st = tensor_span(views[i].t, views[i].name, b, views[i].rows, views[i].heads, p->head_dim, es, varlen,
                               views[i].output, &sp[n++])))
             return st;
     }

@@ -333,15 +333,22 @@ _varlen_fwd_op.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd
 # A call's host time is what a decoding step or a short sequence waits for. Outside torch.compile's tracing and
 # on plain tensors, the public functions skip the custom-op dispatch: the first call of a signature (shapes,
 # strides, dtypes, devices, options) runs the custom ops' checks and keeps a prepared call, an fa_params and
-# fa_exec filled for it; later calls of the signature fill in only the data pointers, the stream and the
-# workspace, and call the library, which validates every call as always. Autograd goes through a
-# torch.autograd.Function whose backward is prepared the same way. torch.compile, opcheck, tensor subclasses
-# and the inputs a prepared call leaves out (padded head dims, empty problems, unaligned data) take the custom
-# ops.
+# fa_exec filled for it, and the workspace size; later calls of the signature fill in only the data pointers and
+# the stream, allocate the outputs and the workspace, and call the library, which validates every call as
+# always. Autograd goes through a torch.autograd.Function whose backward is prepared the same way, per output
+# gradient strides. torch.compile, opcheck, functorch transforms, tensor subclasses and the inputs a prepared
+# call leaves out (padded head dims, empty problems, unaligned data) take the custom ops.
+# A call's Python is counted in hundreds of nanoseconds: outputs come from empty_like or from sizes passed as
+# separate arguments (a torch.empty that parses a shape tuple costs twice as much), and the key is built inline.
 
 _PREPARED_MAX = 256  # per thread; emptied when full (a model has a handful of attention signatures)
 _prepared = threading.local()  # per thread, so that no two threads fill one parameter block at once
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what PyTorch's generated code calls
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_compiling = torch.compiler.is_compiling
+_empty = torch.empty
+_empty_like = torch.empty_like
+_CONTIGUOUS = torch.contiguous_format
 
 
 def _current_stream(index):
@@ -371,14 +378,20 @@ def _contiguous_strides(shape):
     return tuple(reversed(strides))
 
 
+def _vector_strides(t):
+    """Whether every stride but the last is a whole number of 16-byte vectors (or spans an extent of 1)."""
+    unit = 16 // t.element_size()
+    return all(st % unit == 0 or n == 1 for st, n in zip(t.stride()[:-1], t.shape[:-1]))
+
+
 class _Prepared:
     """One call signature's filled fa_params and fa_exec, views of the fa_tensor fields each call fills, and
     what its outputs look like. `sizes`, `options` and `lse_shape` are what the custom ops' helpers take."""
 
     __slots__ = ("params", "exe", "params_addr", "exe_addr", "views", "cuda", "device", "device_index",
-                 "workspace_bytes", "sizes", "options", "lse_shape", "rows", "varlen", "backward")
+                 "workspace_bytes", "sizes", "options", "lse_shape", "rows", "varlen", "entry", "name", "backward")
 
-    def __init__(self, params, fields, device, sizes, options, lse_shape, rows, varlen):
+    def __init__(self, params, fields, device, sizes, options, lse_shape, rows, varlen, backward):
         self.params = params
         self.exe = _lib.Exec()
         self.cuda = device.type == "cuda"
@@ -394,9 +407,10 @@ class _Prepared:
         self.views = tuple(getattr(params, f) for f in fields)  # share params' memory
         self.workspace_bytes = None  # asked of the library at the first call, which has real pointers
         self.sizes, self.options, self.lse_shape, self.rows, self.varlen = sizes, options, lse_shape, rows, varlen
-        self.backward = {}  # dout strides -> _Prepared backward
+        self.entry, self.name = (_fa_bwd, "fa_bwd") if backward else (_fa_fwd, "fa_fwd")
+        self.backward = {}  # (dout strides, deterministic) -> prepared backward, None where the custom op runs it
 
-    def run(self, entry, name, alibi_slopes, cu_q, cu_k):
+    def run(self, alibi_slopes, cu_q, cu_k):
         """Runs the library on the pointers already in the views; alibi and cu_seqlens are set here."""
         p, exe = self.params, self.exe
         if alibi_slopes is not None:
@@ -408,57 +422,39 @@ class _Prepared:
             exe.stream = _current_stream(self.device_index)
             if self.workspace_bytes is None:
                 exe.workspace, exe.workspace_bytes = None, 0
-                self.workspace_bytes = _lib.workspace_size(p, exe, entry is _fa_bwd)
+                exe.workspace_bytes = self.workspace_bytes = _lib.workspace_size(p, exe, self.entry is _fa_bwd)
             if self.workspace_bytes:
-                workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device)
-                exe.workspace, exe.workspace_bytes = workspace.data_ptr(), self.workspace_bytes
+                workspace = _empty(self.workspace_bytes, dtype=torch.uint8, device=self.device)
+                exe.workspace = workspace.data_ptr()
         else:
             exe.num_threads = torch.get_num_threads()
-        status = entry(self.params_addr, self.exe_addr)
+        status = self.entry(self.params_addr, self.exe_addr)
         if status:
-            _lib.raise_for_status(name, status)
+            _lib.raise_for_status(self.name, status)
         # `workspace` returns to PyTorch's allocator here; on CUDA it is reused only by work queued after this
 
 
-def _eager(*tensors):
-    for t in tensors:
-        if type(t) is not torch.Tensor:  # FakeTensor and other subclasses take the custom ops
-            return False
-    return not torch.compiler.is_compiling()
-
-
-def _lookup(key, prepare):
-    """The prepared call of `key` in this thread's cache, made by prepare() on a miss (which runs the checks, so
-    bad arguments raise there); None where the custom ops take the call."""
-    cache = getattr(_prepared, "cache", None)
-    if cache is None or len(cache) >= _PREPARED_MAX:
-        cache = _prepared.cache = {}
+def _cache():
+    """This thread's prepared calls (a dict), emptied when full."""
     try:
-        fwd = cache.get(key, False)
-    except TypeError:  # an option of an unhashable type (a list window): the custom ops read it
-        return None
-    if fwd is False:
-        fwd = cache[key] = prepare()
-    return fwd
+        cache = _prepared.cache
+    except AttributeError:
+        cache = _prepared.cache = {}
+    if len(cache) >= _PREPARED_MAX:
+        cache.clear()
+    return cache
 
 
 def _tensor_key(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _usable(fwd, q, k, v):
-    """fwd, unless this call's data is not 16-byte aligned on a GPU (the custom ops copy it)."""
-    if fwd is None or (fwd.cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16):
-        return None
-    return fwd
-
-
-def _fits(t):
-    """What the prepared calls take as it is; the custom ops copy anything else (_gpu_friendly)."""
-    if t.device.type != "cuda":
-        return True
-    unit = 16 // t.element_size()
-    return t.data_ptr() % 16 == 0 and all(st % unit == 0 or n == 1 for st, n in zip(t.stride()[:-1], t.shape[:-1]))
+def _eager(q, k, v, alibi_slopes):
+    """Whether the eager path may take a call: plain tensors (FakeTensor and other subclasses take the custom
+    ops), outside torch.compile's tracing and functorch's transforms."""
+    T = torch.Tensor
+    return (type(q) is T and type(k) is T and type(v) is T and (alibi_slopes is None or type(alibi_slopes) is T)
+            and not _is_compiling() and not _functorch_active())
 
 
 def _prepare_forward(q, k, v, sizes, varlen, options, alibi_slopes, lse_shape, rows):
@@ -467,120 +463,161 @@ def _prepare_forward(q, k, v, sizes, varlen, options, alibi_slopes, lse_shape, r
         return None
     if alibi_slopes is not None and not alibi_slopes.is_contiguous():
         return None
-    if not (_fits(q) and _fits(k) and _fits(v)):
+    if q.is_cuda and not (_vector_strides(q) and _vector_strides(k) and _vector_strides(v)):
         return None
     softmax_scale, causal, window_left, window_right, softcap = options
     p, _ = _params(q, sizes, varlen, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
     for field, t in (("q", q), ("k", k), ("v", v)):
         _set(p, field, t, varlen)
     _common.set_tensor(p.o, 0, _contiguous_strides(q.shape), varlen)
-    return _Prepared(p, ("q", "k", "v", "o"), q.device, sizes, options, lse_shape, rows, varlen)
+    return _Prepared(p, ("q", "k", "v", "o"), q.device, sizes, options, lse_shape, rows, varlen, False)
 
 
 def _prepare_backward(fwd, q, k, dout, deterministic):
+    """The prepared backward of fwd for dout's strides, or None where the custom op takes dout (strides a GPU
+    kernel cannot load as vectors)."""
+    if fwd.cuda and not _vector_strides(dout):
+        return None
     p = _lib.Params.from_buffer_copy(fwd.params)
     p.deterministic = 1 if deterministic else 0
     _common.set_tensor(p.dout, 0, dout.stride(), fwd.varlen)
     for field, shape in (("dq", q.shape), ("dk", k.shape), ("dv", k.shape)):
         _common.set_tensor(getattr(p, field), 0, _contiguous_strides(shape), fwd.varlen)
     return _Prepared(p, ("q", "k", "v", "o", "dout", "dq", "dk", "dv"), fwd.device, fwd.sizes, fwd.options,
-                     fwd.lse_shape, fwd.rows, fwd.varlen)
+                     fwd.lse_shape, fwd.rows, fwd.varlen, True)
 
 
 def _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k, with_lse=True):
     """out and lse (None without with_lse: the library skips it, and the call one allocation)."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=fwd.device)
-    lse = torch.empty(fwd.lse_shape, dtype=torch.float32, device=fwd.device) if with_lse else None
+    out = _empty_like(q, memory_format=_CONTIGUOUS)
     vq, vk, vv, vo = fwd.views
     vq.data, vk.data, vv.data, vo.data = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-    fwd.params.lse = lse.data_ptr() if with_lse else None
-    fwd.run(_fa_fwd, "fa_fwd", alibi_slopes, cu_q, cu_k)
+    if with_lse:
+        lse = _empty(*fwd.lse_shape, dtype=torch.float32, device=fwd.device)
+        fwd.params.lse = lse.data_ptr()
+    else:
+        lse = fwd.params.lse = None
+    fwd.run(alibi_slopes, cu_q, cu_k)
     return out, lse
 
 
 def _backward_eager(fwd, dout, q, k, v, out, lse, alibi_slopes, cu_q, cu_k, deterministic):
     dout = _last_dim_contiguous(dout)
-    if not _fits(dout):
+    key = (dout.stride(), deterministic)
+    bwd = fwd.backward.get(key, False)
+    if bwd is False:
+        bwd = fwd.backward[key] = _prepare_backward(fwd, q, k, dout, deterministic)
+    if bwd is None or (bwd.cuda and dout.data_ptr() % 16):
         return _backward(dout, q, k, v, out, lse, fwd.sizes, fwd.varlen, cu_q, cu_k, fwd.rows, *fwd.options,
                          alibi_slopes, deterministic)
-    key = (dout.stride(), deterministic)
-    bwd = fwd.backward.get(key)
-    if bwd is None:
-        bwd = fwd.backward[key] = _prepare_backward(fwd, q, k, dout, deterministic)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=fwd.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=fwd.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=fwd.device)
+    dq = _empty_like(q, memory_format=_CONTIGUOUS)
+    dk = _empty_like(k, memory_format=_CONTIGUOUS)
+    dv = _empty_like(v, memory_format=_CONTIGUOUS)
     vq, vk, vv, vo, vdo, vdq, vdk, vdv = bwd.views
     vq.data, vk.data, vv.data, vo.data = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
     vdo.data, vdq.data, vdk.data, vdv.data = dout.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     bwd.params.lse = lse.data_ptr()
-    bwd.run(_fa_bwd, "fa_bwd", alibi_slopes, cu_q, cu_k)
+    bwd.run(alibi_slopes, cu_q, cu_k)
     return dq, dk, dv
 
 
 class _EagerAttention(torch.autograd.Function):
+    """Returns out, or (out, lse) with with_lse; lse is saved either way and is not differentiable."""
+
     @staticmethod
-    def forward(ctx, q, k, v, alibi_slopes, cu_q, cu_k, fwd, deterministic):
+    def forward(ctx, q, k, v, alibi_slopes, cu_q, cu_k, fwd, deterministic, with_lse):
         out, lse = _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_q, cu_k)
         ctx.fwd, ctx.deterministic = fwd, deterministic
+        if not with_lse:
+            return out
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, dlse):
+    def backward(ctx, dout, dlse=None):
         q, k, v, out, lse, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _backward_eager(ctx.fwd, dout, q, k, v, out, lse, alibi_slopes, cu_q, cu_k, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+# Function.apply's Python layer binds default arguments for setup_context-style Functions and unwraps
+# functorch's dead wrappers; neither concerns this one (no setup_context; _eager leaves functorch's transforms
+# to the custom ops), and it costs more than the rest of a forward's Python. This is the C entry it ends in.
+_eager_apply = super(torch.autograd.Function, _EagerAttention).apply
 
 
 def _run_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k, deterministic, with_lse):
+    """out and lse (None unless with_lse) of a prepared forward, through autograd where an input needs it."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(q, k, v, alibi_slopes, cu_q, cu_k, fwd, bool(deterministic))
+        if with_lse:
+            return _eager_apply(q, k, v, alibi_slopes, cu_q, cu_k, fwd, bool(deterministic), True)
+        return _eager_apply(q, k, v, alibi_slopes, cu_q, cu_k, fwd, bool(deterministic), False), None
     return _forward_eager(fwd, q, k, v, alibi_slopes, cu_q, cu_k, with_lse)
 
 
-def _eager_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
-    """The prepared forward of a dense call, or None where the custom ops take it."""
-    if dropout_p or not _eager(q, k, v) or (alibi_slopes is not None and type(alibi_slopes) is not torch.Tensor):
+def _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
+    scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
+    sizes = _check_dense(q, k, v, alibi_slopes)
+    batch, seqlen_q, _, heads_q, _, head_dim = sizes
+    if _pad_target(q) != head_dim:
         return None
+    return _prepare_forward(q, k, v, sizes, False, (scale, bool(causal), wl, wr, cap), alibi_slopes,
+                            (batch, heads_q, seqlen_q), batch * seqlen_q * heads_q)
 
-    def prepare():
-        scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
-        sizes = _check_dense(q, k, v, alibi_slopes)
-        batch, seqlen_q, _, heads_q, _, head_dim = sizes
-        if _pad_target(q) != head_dim:
-            return None
-        return _prepare_forward(q, k, v, sizes, False, (scale, bool(causal), wl, wr, cap), alibi_slopes,
-                                (batch, heads_q, seqlen_q), batch * seqlen_q * heads_q)
 
-    key = ("dense", _tensor_key(q), _tensor_key(k), _tensor_key(v), q.is_cuda, softmax_scale, causal, window_size,
-           softcap, _tensor_key(alibi_slopes))
-    return _usable(_lookup(key, prepare), q, k, v)
+def _eager_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes):
+    """The prepared forward of a dense call, or None where the custom ops take it. A first call of a signature
+    runs the checks (bad arguments raise there); later ones only look it up."""
+    if dropout_p or not _eager(q, k, v, alibi_slopes):
+        return None
+    key = ("dense", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
+           v.stride(), v.dtype, v.device, softmax_scale, causal, window_size, softcap,
+           None if alibi_slopes is None else _tensor_key(alibi_slopes))
+    cache = _cache()
+    try:
+        fwd = cache.get(key, False)
+    except TypeError:  # an option of an unhashable type (a list window): the custom ops read it
+        return None
+    if fwd is False:
+        fwd = cache[key] = _prepare_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                                          alibi_slopes)
+    if fwd is None or (fwd.cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16):
+        return None  # unaligned data on a GPU: the custom ops copy it
+    return fwd
+
+
+def _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                    causal, window_size, softcap, alibi_slopes):
+    scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
+    sizes = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), alibi_slopes)
+    heads_q, total_q, head_dim = sizes[3], sizes[1], sizes[5]
+    if _pad_target(q) != head_dim or not (cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous()):
+        return None
+    return _prepare_forward(q, k, v, sizes, True, (scale, bool(causal), wl, wr, cap), alibi_slopes,
+                            (heads_q, total_q), heads_q * total_q)
 
 
 def _eager_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                   causal, window_size, softcap, alibi_slopes):
     """The prepared forward of a varlen call, or None where the custom ops take it."""
-    if dropout_p or not _eager(q, k, v, cu_seqlens_q, cu_seqlens_k) or (
-            alibi_slopes is not None and type(alibi_slopes) is not torch.Tensor):
+    T = torch.Tensor
+    if dropout_p or type(cu_seqlens_q) is not T or type(cu_seqlens_k) is not T or not _eager(q, k, v, alibi_slopes):
         return None
-
-    def prepare():
-        scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
-        sizes = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                              alibi_slopes)
-        heads_q, total_q, head_dim = sizes[3], sizes[1], sizes[5]
-        if _pad_target(q) != head_dim or not (cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous()):
-            return None
-        return _prepare_forward(q, k, v, sizes, True, (scale, bool(causal), wl, wr, cap), alibi_slopes,
-                                (heads_q, total_q), heads_q * total_q)
-
-    key = ("varlen", _tensor_key(q), _tensor_key(k), _tensor_key(v), q.is_cuda, _tensor_key(cu_seqlens_q),
+    key = ("varlen", _tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(cu_seqlens_q),
            _tensor_key(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap,
            _tensor_key(alibi_slopes))
-    fwd = _usable(_lookup(key, prepare), q, k, v)
-    if fwd is not None and not fwd.cuda:  # host cu_seqlens are read on every call: their values are in no key
+    cache = _cache()
+    try:
+        fwd = cache.get(key, False)
+    except TypeError:
+        return None
+    if fwd is False:
+        fwd = cache[key] = _prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                           dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    if fwd is None or (fwd.cuda and (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16):
+        return None
+    if not fwd.cuda:  # host cu_seqlens are read on every call: their values are in no key
         _check_cu_seqlens_host("cu_seqlens_q", cu_seqlens_q, fwd.sizes[1])
         _check_cu_seqlens_host("cu_seqlens_k", cu_seqlens_k, fwd.sizes[2])
     return fwd
