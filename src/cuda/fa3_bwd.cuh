@@ -14,14 +14,16 @@
  *                S^T = K Q^T and dP^T = V dO^T (wgmma, both operands K-major in shared memory);
  *                P^T = exp2(S^T scale log2(e) - LSE2), dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap];
  *                dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers (dO, Q MN-major);
- *                dS^T to shared memory, then dQ = dS K for 64 x 64 of the step's dQ (the rows of one
- *                warpgroup's queries when BM = 128, the columns of one 64-wide slab of the head dim when
- *                BM = 64), added to the fp32 accumulator with 16-byte reductions in fa2_bwd_dq_index's order.
+ *                dS^T to shared memory; one step later (when the other warpgroup has written its half too)
+ *                dQ = dS K for 64 x 64 of that step's dQ (the rows of one warpgroup's queries when BM = 128,
+ *                the columns of one 64-wide slab of the head dim when BM = 64), added to the fp32 accumulator
+ *                with 16-byte reductions in fa2_bwd_dq_index's order. The second warpgroup starts half a step
+ *                late, so that one's GEMMs overlap the other's softmax.
  * dK (times the softmax scale) and dV are stored from registers after the last step.
  *
  * Shared-memory tiles are [D / 64 slabs][rows][64 elements] with the 128-byte swizzle (as TMA writes them),
- * each 1024-byte aligned; dS^T is [BM / 64 slabs][BN key rows][64 queries], double-buffered so that one
- * barrier per step orders its writes after the previous step's dQ products.
+ * each 1024-byte aligned; dS^T is [BM / 64 slabs][BN key rows][64 queries], double-buffered, with an mbarrier per
+ * buffer for "both halves written" and one for "both dQ products done".
  *
  * Parts: fa3_bwd_cfg (tile shapes, shared-memory layout, barriers, register split), fa3_bwd_blocks (the query
  * blocks that see a key block, and which need a mask), fa3_bwd_step (the head and query block of a step); for
@@ -46,7 +48,7 @@ struct fa3_bwd_args {
 template <int D, int BM>
 struct fa3_bwd_cfg {
     static constexpr int kBN = 128;      /* key rows per CTA: 64 per consumer warpgroup */
-    static constexpr int kStages = 2;    /* Q / dO ring */
+    static constexpr int kStages = 3;    /* Q / dO ring: the second warpgroup runs up to a step behind */
     static constexpr int kThreads = 384; /* producer + two consumer warpgroups */
     static constexpr int kKVBytes = kBN * D * 2;
     static constexpr int kQBytes = BM * D * 2;
@@ -58,10 +60,12 @@ struct fa3_bwd_cfg {
     static constexpr int kOffDS = kOffDO + kStages * kQBytes;
     static constexpr int kOffRows = kOffDS + 2 * kDSBytes; /* per stage: LSE2[BM], then D[BM] */
     static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;
-    static constexpr int kBarKV = 0;                         /* K and V loaded */
-    static constexpr int kBarFull = 8;                       /* per stage: Q, dO (TMA) and the rows */
-    static constexpr int kBarEmpty = kBarFull + 8 * kStages; /* per stage: every consumer warp is done */
-    static constexpr int kSmemBytes = kOffBar + kBarEmpty + 8 * kStages + 1024; /* + aligning the base */
+    static constexpr int kBarKV = 0;                                    /* K and V loaded */
+    static constexpr int kBarFull = 8;                                  /* per stage: Q, dO (TMA) and the rows */
+    static constexpr int kBarEmpty = kBarFull + 8 * kStages;            /* per stage: every consumer thread is done */
+    static constexpr int kBarDSReady = kBarEmpty + 8 * kStages;         /* per dS^T buffer: both halves written */
+    static constexpr int kBarDSFree = kBarDSReady + 16;                 /* per dS^T buffer: both dQ products read it */
+    static constexpr int kSmemBytes = kOffBar + kBarDSFree + 16 + 1024; /* + aligning the base */
     /* The producer needs few registers; 24 + 2 x 240 = 3 x 168. */
     static constexpr int kRegsProducer = 24;
     static constexpr int kRegsConsumer = 240;
@@ -75,6 +79,10 @@ struct fa3_bwd_cfg {
         for (int i = 0; i < kStages; ++i) {
             hp_mbar_init(bars + kBarFull + 8 * i, 1 + 32); /* the TMA thread, and warp 1's lanes */
             hp_mbar_init(bars + kBarEmpty + 8 * i, 256);   /* every consumer thread (each read the rows) */
+        }
+        for (int i = 0; i < 2; ++i) {
+            hp_mbar_init(bars + kBarDSReady + 8 * i, 256);
+            hp_mbar_init(bars + kBarDSFree + 8 * i, 256);
         }
         hp_fence_barrier_init();
     }
@@ -262,6 +270,15 @@ static __device__ __forceinline__ void fa3_bwd_issue_dq(float (&dq)[32], uint32_
     hp_wgmma_commit();
 }
 
+/* dQ of step u: waits until both warpgroups have written that step's dS^T (buffer u % 2), then issues it. */
+template <int BN, bool BF16>
+static __device__ __forceinline__ void fa3_bwd_issue_dq_of(float (&dq)[32], uint32_t bar_ready, uint32_t s_ds,
+                                                           int ds_bytes, uint32_t s_ds_part, uint32_t s_k_part, int u) {
+    const int buf = fa3_pipe<2>::stage(u);
+    hp_mbar_wait(bar_ready + 8 * buf, fa3_pipe<2>::phase(u));
+    fa3_bwd_issue_dq<BN, BF16>(dq, s_ds + buf * ds_bytes + s_ds_part, s_k_part);
+}
+
 /* Adds dQ (rows q_row0.., columns col_base..col_base + 63 of head hq) to the fp32 accumulator: per row and
  * 16-column group, the thread's four values are adjacent there (fa2_bwd_dq_pos), one 16-byte reduction. */
 template <int D>
@@ -308,8 +325,8 @@ static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 
 
 #endif /* FA_SM90A */
 
-/* Named barrier of the two consumer warpgroups (id 0 is __syncthreads). */
-#define FA3_BWD_BAR_DS 1
+/* Named barrier that starts the second consumer warpgroup (id 0 is __syncthreads). */
+#define FA3_BWD_BAR_START 1
 
 template <int D, int BM, typename T, bool SOFTCAP>
 __global__ void __launch_bounds__(384, 1)
@@ -398,6 +415,10 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t s_k_part = s_k + (C::kDQByRows ? 0 : c * (BN * 128));
     const int dq_row0 = C::kDQByRows ? 64 * c : 0, dq_col0 = C::kDQByRows ? 0 : 64 * c;
 
+    /* The second warpgroup starts once the first has its first dS^T: from then on one's GEMMs overlap the
+     * other's softmax (their steps meet only where dQ reads both halves of dS^T, one step later). */
+    if (c == 1 && nsteps > 0) hp_bar_sync(FA3_BWD_BAR_START, 256);
+    int prev_m0 = 0, prev_hq = 0; /* the previous step's query block and head, for its dQ */
     for (int t = 0; t < nsteps; ++t) {
         const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, blk.lo, hq0);
         const int slot = fa3_pipe<STAGES>::stage(t);
@@ -428,24 +449,45 @@ __global__ void __launch_bounds__(384, 1)
         fa3_convert_p<BM, BF16>(dp, ds16);
         fa3_bwd_issue_dkdv<D, BM, BF16>(dv, dk, p16, ds16, q_tile, do_tile);
 
-        /* dS^T into this step's buffer; the barrier also tells that both warpgroups finished the previous step,
-         * whose dQ products read the other buffer */
-        const uint32_t ds_buf = s_ds + (t & 1) * C::kDSBytes;
-        fa3_bwd_store_ds<BM, BN>(ds16, ds_buf, row_base, f);
+        /* dS^T(t) into buffer t % 2 once both warpgroups' dQ products of step t - 2 have read it */
+        const int buf = fa3_pipe<2>::stage(t);
+        hp_mbar_wait(bars + C::kBarDSFree + 8 * buf, fa3_pipe<2>::empty_phase(t));
+        fa3_bwd_store_ds<BM, BN>(ds16, s_ds + buf * C::kDSBytes, row_base, f);
         hp_fence_proxy_async();
-        hp_bar_sync(FA3_BWD_BAR_DS, 256);
+        hp_mbar_arrive(bars + C::kBarDSReady + 8 * buf);
+        if (t == 0 && c == 0) hp_bar_arrive(FA3_BWD_BAR_START, 256);
 
-        float dq[32];
-        fa3_bwd_issue_dq<BN, BF16>(dq, ds_buf + s_ds_part, s_k_part);
-        hp_wgmma_wait<1>(); /* dV, dK done: Q and dO may be refilled */
+        /* dQ of the previous step, whose dS^T both warpgroups have written by now (or soon) */
+        if (t > 0) {
+            float dq[32];
+            fa3_bwd_issue_dq_of<BN, BF16>(dq, bars + C::kBarDSReady, s_ds, C::kDSBytes, s_ds_part, s_k_part, t - 1);
+            hp_wgmma_wait<1>(); /* dV, dK done: Q and dO may be refilled */
 #pragma unroll
-        for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p16[i]), hp_fence_reg(ds16[i]);
-        hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
+            for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p16[i]), hp_fence_reg(ds16[i]);
+            hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
+            hp_wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
+            hp_mbar_arrive(bars + C::kBarDSFree + 8 * fa3_pipe<2>::stage(t - 1));
+            fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + prev_m0 + dq_row0, sq.len_q - prev_m0 - dq_row0, prev_hq,
+                              a.heads_q, dq_col0, f);
+        } else {
+            hp_wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p16[i]), hp_fence_reg(ds16[i]);
+            hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
+        }
+        prev_m0 = m0;
+        prev_hq = st.hq;
+    }
+    if (nsteps > 0) { /* the last step's dQ */
+        float dq[32];
+        fa3_bwd_issue_dq_of<BN, BF16>(dq, bars + C::kBarDSReady, s_ds, C::kDSBytes, s_ds_part, s_k_part, nsteps - 1);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
-        fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + m0 + dq_row0, sq.len_q - m0 - dq_row0, st.hq, a.heads_q, dq_col0,
-                          f);
+        fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + prev_m0 + dq_row0, sq.len_q - prev_m0 - dq_row0, prev_hq,
+                          a.heads_q, dq_col0, f);
     }
     const bool varlen = a.cu_seqlens_q != nullptr;
     fa3_bwd_store_dkdv<D, T>(dk, dv, a, varlen ? 0 : b, hk, varlen ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
