@@ -31,19 +31,23 @@
  * gradients. (flash-attn 2.x writes LSE = +inf there; FA3, cuDNN and FlashInfer write -inf, as we do.)
  * Whether a row is empty is decided by the mask alone, never by the values.
  *
- * Non-finite values (CPU and reference backends; the GPU backends are not held to this):
+ * Non-finite values (every backend; where the device backends differ, it says so):
  *   - a NaN among a row's visible scores (from a NaN in Q or K, or NaN * 0 in Q.K) makes its O and LSE NaN;
  *   - a +Inf visible score makes its O and LSE NaN (IEEE softmax: Inf - Inf); a -Inf score is a key of
  *     weight 0, and a row whose visible scores are all -Inf is NaN (not empty);
- *   - scores are fp32 on the CPU backend and fp64 on the reference: where Q.K overflows fp32 the CPU row
- *     is NaN and the reference's is right; such a row is never reported empty;
+ *   - scores are fp32 on the CPU and device backends and fp64 on the reference: where Q.K overflows fp32 the
+ *     row is NaN, the reference's is right; such a row is never reported empty;
  *   - a NaN or Inf anywhere in a V row makes the whole O row NaN of every query that sees that key (its LSE
- *     stays as computed from the scores); rows that do not see the key are not affected;
+ *     stays as computed from the scores); rows that do not see the key are not affected. The device backends
+ *     (CUDA, naive) multiply P by V as it is: the O columns where that V row is non-finite become NaN or +-Inf
+ *     for the queries that see the key, and may become NaN for other queries of the same (batch, head) (a
+ *     masked key's weight 0 times NaN or Inf in a tile product); empty rows stay O = 0;
  *   - softmax_scale and softcap must be finite (FA_ERR_INVALID_ARGUMENT otherwise), and so must ALiBi
- *     slopes on the host backends, which read them during validation;
+ *     slopes on the host backends, which read them during validation (the device backends do not read them
+ *     there: a non-finite slope makes the rows of its head NaN);
  *   - backward: the rows whose O, LSE or dO is NaN get NaN in dQ, and the keys they see NaN in dK and dV;
- *     on the CPU backend the NaN may spread to more gradients of the same (batch, kv head) (a NaN times the
- *     zero weight of a masked key inside a block product), never to other batch entries or kv heads.
+ *     the NaN may spread to more gradients of the same (batch, kv head) (a NaN times the zero weight of a
+ *     masked key inside a block product), never to other batch entries or kv heads.
  *
  * GQA / MQA: query head h reads key/value head h / (heads_q / heads_kv); the backward sums dK and dV over
  * the query heads of a group.
