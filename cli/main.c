@@ -54,6 +54,8 @@ static const char usage[] =
     "  --threads N             CPU threads (default: all)\n"
     "  --deterministic         deterministic backward (check --bwd also compares two runs bit for bit)\n"
     "  --kernel auto|fa2|fa3   CUDA kernel family\n"
+    "  --no-device-check       check/run: let the GPU backends trust cu_seqlens (fa_exec.check = 0); by default\n"
+    "                          they check them on the device first (bench never does)\n"
     "  --layout bshd|bhsd      memory order of Q, K, V, O and their gradients: (batch, seqlen, heads, head_dim),\n"
     "                          the default, or (batch, heads, seqlen, head_dim), e.g. PyTorch's contiguous tensors\n"
     "  --repeats N --warmup N  timed runs (run: 3 and 1 on a GPU, 1 and 0 on the CPU; bench: 10 and 3 on a GPU,\n"
@@ -183,6 +185,7 @@ fa_exec cli_exec(const cli_options *o, fa_backend b) {
     x.kernel = o->kernel;
     x.device = -1;
     x.num_threads = o->threads;
+    x.check = !o->no_device_check;
     return x;
 }
 
@@ -365,6 +368,7 @@ static const option_spec option_specs[] = {
     OPT("--bwd", 'f', bwd, 1, 0),
     OPT("--deterministic", 'f', deterministic, 1, 0),
     OPT("--fwd-only", 'f', fwd_only, 1, 0),
+    OPT("--no-device-check", 'f', no_device_check, 1, 0),
     OPT("--decode", 'f', decode, 1, 0),
     OPT("--leftpad", 'f', leftpad, 1, 0),
     OPT("--rotary-halves", 'f', rotary_halves, 1, 0),

@@ -168,8 +168,10 @@ typedef struct fa_params {
 
     /* Varlen: both NULL (dense) or both set, each batch + 1 int32 prefix sums starting at 0. total_q and
      * total_k are the number of token rows the packed tensors hold (>= cu_seqlens[batch]). The host backends
-     * check the prefix sums against seqlen_q/k and total_q/k; the CUDA backends read them in device memory
-     * and trust them (checking would need a synchronising copy), so they must hold those bounds. */
+     * check the prefix sums against seqlen_q/k and total_q/k. The CUDA and naive backends read them in device
+     * memory and, unless exec.check = 1, trust them (checking needs a synchronisation): the kernels index Q, K,
+     * V, O, LSE and the gradients with them and size their grids by seqlen_q/k, so a prefix sum that breaks
+     * these bounds reads and writes out of bounds. */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
     int64_t total_q;
@@ -211,6 +213,15 @@ typedef struct fa_exec {
      * the call (with cudaMallocAsync on the stream for CUDA). */
     void  *workspace;
     size_t workspace_bytes;
+    /* 1: the device backends (CUDA, naive) check what they otherwise trust in device memory: the varlen
+     * cu_seqlens_q/k (start at 0, non-decreasing, each length <= seqlen_q/k, the last <= total_q/k), by a
+     * pre-pass kernel on the stream during validation (fa_check, fa_workspace_size, fa_fwd, fa_bwd). A bad value
+     * is FA_ERR_INVALID_ARGUMENT naming the array and index, with nothing written. The call waits for the
+     * check's answer (a stream synchronisation), so it is slower and not CUDA-graph-safe: a stream being
+     * captured is refused (FA_ERR_INVALID_ARGUMENT). 0 (the default): trusted, nothing waits. The host backends
+     * always check (their arrays are host memory) and ignore it. The CLI sets it; the Python binding does with
+     * FLASHATTN_DEBUG=1. */
+    int32_t check;
 } fa_exec;
 
 /* ---------------------------------------------------------------------------------------------------------
