@@ -613,12 +613,33 @@ static int cmd_run(cli_options *o) {
     int written = st == FA_OK && written_ok(&pr, 0, "forward");
     if (st == FA_OK) st = vf_run(&pr, &x, 1);
     written = written && st == FA_OK && written_ok(&pr, 1, "backward");
-    if (st == FA_OK) st = vf_time(&pr, &x, 0, warmup, repeats, &ms_f);
-    if (st == FA_OK) st = vf_time(&pr, &x, 1, warmup, repeats, &ms_b);
+    /* timed without the device-side checks (the calls above had them; the data has not changed): they
+     * synchronise, and their cost is shown on its own below */
+    fa_exec xt = x;
+    xt.check = 0;
+    if (st == FA_OK) st = vf_time(&pr, &xt, 0, warmup, repeats, &ms_f);
+    if (st == FA_OK) st = vf_time(&pr, &xt, 1, warmup, repeats, &ms_b);
     if (st != FA_OK) {
         code = cli_report_status(st, "run failed", pr.error[0] ? pr.error : fa_last_error());
         vf_problem_destroy(&pr);
         return code;
+    }
+    if (x.check && o->varlen && vf_backend_on_device(b)) {
+        /* what exec.check = 1 adds to a call: fa_check with and without it (validation alone, then with the
+         * pre-pass kernel and the wait for its answer) */
+        const fa_params *dp = vf_params_for(&pr, b);
+        double ms[2] = { 0, 0 };
+        for (int with = 0; with < 2 && dp; with++) {
+            fa_exec xc = x;
+            xc.check = with;
+            fa_check(dp, &xc, 0);
+            const double t0 = vf_seconds();
+            for (int i = 0; i < 100; i++) fa_check(dp, &xc, 0);
+            ms[with] = (vf_seconds() - t0) * 10.0;
+        }
+        printf("  device check of cu_seqlens (exec.check = 1): +%.3f ms per call (fa_check %.3f ms with, %.3f "
+               "without)\n",
+               ms[1] - ms[0], ms[1], ms[0]);
     }
     const double ff = vf_flops(&pr, 0), fb = vf_flops(&pr, 1);
     /* FLOP / ms in TFLOP/s on a GPU, GFLOP/s on the CPU (where TFLOP/s reads 0.0x) */
