@@ -103,7 +103,7 @@ static float from_bf16(uint16_t h) {
     return f;
 }
 
-static uint16_t *dev_buf[9], host_bf16[NQ];
+static uint16_t *dev_buf[8], host_bf16[NQ]; /* q k v dout, o dq dk dv */
 static float *dev_lse;
 
 static int dev_copy(uint16_t *dst, const float *src) {
@@ -118,7 +118,7 @@ static int dev_fetch(float *dst, const uint16_t *src) {
 
 static fa_status run_device(prob *x, const target *t, int backward) {
     if (!dev_buf[0]) {
-        for (int i = 0; i < 9; i++)
+        for (int i = 0; i < 8; i++)
             if (cudaMalloc((void **)&dev_buf[i], sizeof host_bf16) != cudaSuccess) return FA_ERR_OUT_OF_MEMORY;
         if (cudaMalloc((void **)&dev_lse, sizeof x->lse) != cudaSuccess) return FA_ERR_OUT_OF_MEMORY;
     }
@@ -126,11 +126,11 @@ static fa_status run_device(prob *x, const target *t, int backward) {
     for (int i = 0; i < 4; i++)
         if (!dev_copy(dev_buf[i], in[i])) return FA_ERR_DEVICE;
     /* poisoned with a large finite value: an unwritten element fails the checks for 0, NaN or the clean run */
-    for (int i = 4; i < 9; i++) cudaMemset(dev_buf[i], 0x7f, sizeof host_bf16);
+    for (int i = 4; i < 8; i++) cudaMemset(dev_buf[i], 0x7f, sizeof host_bf16);
     cudaMemset(dev_lse, 0x7f, sizeof x->lse);
     fa_params p = x->p;
     p.dtype = FA_BF16;
-    fa_tensor *views[9] = { &p.q, &p.k, &p.v, &p.dout, &p.o, &p.dq, &p.dk, &p.dv, NULL };
+    fa_tensor *views[8] = { &p.q, &p.k, &p.v, &p.dout, &p.o, &p.dq, &p.dk, &p.dv };
     for (int i = 0; i < 8; i++) views[i]->data = dev_buf[i];
     p.lse = dev_lse;
     p.deterministic = 1;
