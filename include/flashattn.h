@@ -239,7 +239,8 @@ FA_API fa_tensor fa_tensor_contiguous(void *data, int64_t seqlen, int32_t heads,
 /* Checks p against exec's backend without running anything: FA_OK, or the status the call would return
  * (invalid argument, unsupported, not compiled, no device) with fa_last_error() saying why.
  * backward = 0 checks the forward, 1 the backward. Pointers are checked for NULL, alignment and overlap (see
- * "Memory checks" above); the host backends also read cu_seqlens and alibi_slopes, nothing else is read. */
+ * "Memory checks" above); the host backends also read cu_seqlens and alibi_slopes, and with exec.check = 1 the
+ * device backends read cu_seqlens on the device (see fa_exec.check); nothing else is read. */
 FA_API fa_status fa_check(const fa_params *p, const fa_exec *exec, int backward);
 
 /* Bytes of workspace the forward (backward = 0) or backward (1) needs for p on exec's backend. */
