@@ -92,7 +92,7 @@ part_test() {
 #   - shapes that once exposed a bug (partial tiles, varlen, GQA, windows, softcap, ALiBi, the FA3 192-row
 #     tiles), under racecheck with FA2 and FA3 (without --quick).
 # Exit status 3 from the CLI means the shape is unsupported there (FA3 off compute capability 9.0): recorded, not
-# a failure. A shape may start with NAME=VALUE words: the environment of its runs. One summary line per tool.
+# a failure. NAME=VALUE words in a shape are the environment of its runs. One summary line per tool.
 # About 3-4 minutes on an H200.
 part_sanitize() {
     local cs
@@ -101,8 +101,11 @@ part_sanitize() {
     local small="--dtype bf16 --batch 1 --seqlen-q 100 --seqlen-k 130 --heads 2 --heads-kv 1 --causal"
     local matrix=() d
     for d in 32 64 96 128 192 256; do matrix+=("--backend cuda --kernel fa2 --bwd $small --head-dim $d"); done
-    matrix+=("--backend cuda --kernel fa2 --bwd --dtype f16 --batch 3 --seqlen-q 90 --seqlen-k 120 --heads 2 --head-dim 128 --varlen --window 32,8 --softcap 30 --alibi")
-    for d in 64 128 256; do matrix+=("--backend cuda --kernel fa3 --dtype bf16 --batch 2 --seqlen-q 150 --seqlen-k 150 --heads 2 --head-dim $d --causal --varlen"); done
+    matrix+=("--backend cuda --kernel fa2 --bwd --dtype f16 --batch 3 --seqlen-q 90 --seqlen-k 120 --heads 2 \
+--head-dim 128 --varlen --window 32,8 --softcap 30 --alibi")
+    for d in 64 128 256; do
+        matrix+=("--backend cuda --kernel fa3 --dtype bf16 --batch 2 --seqlen 150 --heads 2 --head-dim $d --causal --varlen")
+    done
     matrix+=("--backend naive --bwd $small --head-dim 64")
     local regressions=(
         "--dtype bf16 --batch 2 --seqlen-q 100 --seqlen-k 200 --heads 4 --heads-kv 2 --head-dim 64 --causal"
@@ -131,7 +134,7 @@ part_sanitize() {
         shape=${run#*|}
         local envs=() args=() w
         for w in $shape; do
-            if [[ $w == *=* && ${#args[@]} -eq 0 && $w != --* ]]; then envs+=("$w"); else args+=("$w"); fi
+            if [[ $w =~ ^[A-Z][A-Z0-9_]*= ]]; then envs+=("$w"); else args+=("$w"); fi
         done
         local cmd=(env "${envs[@]}" "$cs" --tool "$tool" --error-exitcode 99)
         [ "$tool" = memcheck ] && cmd+=(--leak-check full)
@@ -144,7 +147,8 @@ part_sanitize() {
         } >> "$OUT/sanitize.log"
         # reports: the summary's count (racecheck: hazards; the others: errors)
         local found
-        found=$(echo "$log" | sed -nE 's/.*(ERROR SUMMARY: ([0-9]+) error|RACECHECK SUMMARY: ([0-9]+) hazard).*/\2\3/p' | tail -1)
+        found=$(echo "$log" | sed -nE 's/.*(ERROR SUMMARY: ([0-9]+) error|RACECHECK SUMMARY: ([0-9]+) hazard).*/\2\3/p' |
+            tail -1)
         found=${found:-0}
         n_run[$tool]=$((${n_run[$tool]:-0} + 1))
         n_found[$tool]=$((${n_found[$tool]:-0} + found))

@@ -384,7 +384,11 @@ static __global__ void __launch_bounds__(256) check_seqlens_kernel(const int32_t
     __syncthreads();
     for (int b = threadIdx.x; b < batch; b += blockDim.x) {
         const int64_t lo = cu[b], hi = cu[b + 1];
-        const int kind = b == 0 && lo != 0 ? 1 : hi < lo ? 2 : hi - lo > max_len ? 3 : b == batch - 1 && hi > total ? 4 : 0;
+        const int     kind = b == 0 && lo != 0              ? 1
+                             : hi < lo                        ? 2
+                             : hi - lo > max_len              ? 3
+                             : b == batch - 1 && hi > total ? 4
+                                                              : 0;
         if (kind) atomicMin(&first, (unsigned long long)b << 3 | (unsigned)kind);
     }
     __syncthreads();
@@ -417,8 +421,8 @@ static fa_status check_device_seqlens(const fa_params *p, const fa_exec *x, cons
     }
     {
         seqlens_fault *d_faults = NULL, faults[2];
-        if ((st = fa_cuda_status(cudaMallocAsync((void **)&d_faults, sizeof faults, stream), "cudaMallocAsync")) != FA_OK)
-            goto done;
+        st = fa_cuda_status(cudaMallocAsync((void **)&d_faults, sizeof faults, stream), "cudaMallocAsync");
+        if (st != FA_OK) goto done;
         check_seqlens_kernel<<<2, 256, 0, stream>>>(p->cu_seqlens_q, p->cu_seqlens_k, p->batch, p->seqlen_q,
                                                     p->seqlen_k, p->total_q, p->total_k, d_faults);
         st = fa_cuda_status(cudaGetLastError(), "cu_seqlens check launch");
@@ -459,8 +463,8 @@ extern "C" fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int bac
     fa_cuda_device          dev;
     const fa_kernel_family *f;
     fa_status               st;
-    if ((st = check_cuda_rules(p, backward)) || (st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev)) ||
-        (st = select_family(p, x, &dev, backward, &f)))
+    if ((st = check_cuda_rules(p, backward)) || (st = device_get(x, &dev)) ||
+        (st = check_pointers(p, backward, &dev)) || (st = select_family(p, x, &dev, backward, &f)))
         return st;
     return check_device_seqlens(p, x, &dev);
 }
