@@ -104,7 +104,7 @@ static float from_bf16(uint16_t h) {
 }
 
 static uint16_t *dev_buf[8], host_bf16[NQ]; /* q k v dout, o dq dk dv */
-static float *dev_lse;
+static float *dev_lse, *dev_slopes;
 
 static int dev_copy(uint16_t *dst, const float *src) {
     for (size_t i = 0; i < NQ; i++) host_bf16[i] = to_bf16(src[i]);
@@ -120,7 +120,9 @@ static fa_status run_device(prob *x, const target *t, int backward) {
     if (!dev_buf[0]) {
         for (int i = 0; i < 8; i++)
             if (cudaMalloc((void **)&dev_buf[i], sizeof host_bf16) != cudaSuccess) return FA_ERR_OUT_OF_MEMORY;
-        if (cudaMalloc((void **)&dev_lse, sizeof x->lse) != cudaSuccess) return FA_ERR_OUT_OF_MEMORY;
+        if (cudaMalloc((void **)&dev_lse, sizeof x->lse) != cudaSuccess ||
+            cudaMalloc((void **)&dev_slopes, sizeof x->slopes) != cudaSuccess)
+            return FA_ERR_OUT_OF_MEMORY;
     }
     const float *in[4] = { x->q, x->k, x->v, x->dout };
     for (int i = 0; i < 4; i++)
@@ -134,6 +136,11 @@ static fa_status run_device(prob *x, const target *t, int backward) {
     for (int i = 0; i < 8; i++) views[i]->data = dev_buf[i];
     p.lse = dev_lse;
     p.deterministic = 1;
+    if (p.alibi_slopes) { /* (always x->slopes) */
+        if (cudaMemcpy(dev_slopes, x->slopes, sizeof x->slopes, cudaMemcpyHostToDevice) != cudaSuccess)
+            return FA_ERR_DEVICE;
+        p.alibi_slopes = dev_slopes;
+    }
     fa_exec e = exec_for(t);
     fa_status st = fa_fwd(&p, &e);
     if (st == FA_OK && backward) st = fa_bwd(&p, &e);
@@ -349,6 +356,39 @@ static void alibi_cases(const target *t) {
     }
 }
 
+/* The device backends do not read the slopes during validation: a NaN or Inf slope makes every row of its head
+ * NaN (its diagonal key's score is NaN: Inf x 0, or NaN), O and LSE, and leaves the other head's bits alone */
+static void alibi_device_cases(const target *t) {
+    const float bad[3] = { NAN, INFINITY, -INFINITY };
+    setup(&clean, 1);
+    clean.slopes[0] = 0.5f;
+    clean.slopes[1] = 0.25f;
+    clean.p.alibi_slopes = clean.slopes;
+    fa_status st = run(&clean, t, 0);
+    if (st == FA_ERR_UNSUPPORTED) {
+        th_unsupported("%s ALiBi: %s", t->name, fa_last_error());
+        return;
+    }
+    for (int i = 0; i < 3 && st == FA_OK; i++) {
+        setup(&dirty, 1);
+        dirty.slopes[0] = 0.5f;
+        dirty.slopes[1] = bad[i];
+        dirty.p.alibi_slopes = dirty.slopes;
+        const fa_status sd = run(&dirty, t, 0);
+        int ok = sd == FA_OK, row = -1;
+        for (int b = 0; b < B && ok; b++)
+            for (int r = 0; r < S && ok; r++) {
+                ok = all_nan(dirty.o + at(b, r, 1), D) && isnan(dirty.lse[lse_at(b, r, 1)]) &&
+                     same(dirty.o + at(b, r, 0), clean.o + at(b, r, 0), D) &&
+                     same(&dirty.lse[lse_at(b, r, 0)], &clean.lse[lse_at(b, r, 0)], 1);
+                if (!ok) row = r;
+            }
+        th_check(ok, "%s ALiBi slope %g: its head's rows NaN, the other head unchanged (%s, row %d)", t->name,
+                 (double)bad[i], fa_status_name(sd), row);
+    }
+    if (st != FA_OK) th_fail("%s ALiBi clean run: %s", t->name, fa_last_error());
+}
+
 /* Backward: a non-finite value in Q, K or V makes NaN the dQ rows of every query it reaches (the query row
  * itself; the rows that see the key) and, for a query row, the dK and dV of every key that row sees; the other
  * batch entry and the other kv head are unchanged (the CPU backend may spread the NaN further inside the same
@@ -421,7 +461,7 @@ static int device_target_runs(const target *t) {
 
 static void run_target(const target *t) {
     if (th_selected("forward")) forward_cases(t);
-    if (th_selected("alibi") && !t->device) alibi_cases(t); /* the device backends do not read slopes on the host */
+    if (th_selected("alibi")) t->device ? alibi_device_cases(t) : alibi_cases(t);
     if (th_selected("backward") && t->kernel != FA_KERNEL_FA3) backward_cases(t); /* FA3 is a forward kernel */
 }
 
