@@ -374,9 +374,9 @@ typedef struct seqlens_fault {
 } seqlens_fault;
 
 /* Block 0 checks cu_seqlens_q, block 1 cu_seqlens_k; the first fault by sequence, then kind. */
-static __global__ void __launch_bounds__(256) check_seqlens_kernel(const int32_t *cu_q, const int32_t *cu_k, int batch,
-                                                            int max_q, int max_k, int64_t total_q, int64_t total_k,
-                                                            seqlens_fault *out) {
+static __global__ void __launch_bounds__(256)
+    check_seqlens_kernel(const int32_t *cu_q, const int32_t *cu_k, int batch, int max_q, int max_k, int64_t total_q,
+                         int64_t total_k, seqlens_fault *out) {
     __shared__ unsigned long long first;
     const int32_t *cu      = blockIdx.x ? cu_k : cu_q;
     const int64_t  max_len = blockIdx.x ? max_k : max_q, total = blockIdx.x ? total_k : total_q;
@@ -384,11 +384,11 @@ static __global__ void __launch_bounds__(256) check_seqlens_kernel(const int32_t
     __syncthreads();
     for (int b = threadIdx.x; b < batch; b += blockDim.x) {
         const int64_t lo = cu[b], hi = cu[b + 1];
-        const int     kind = b == 0 && lo != 0              ? 1
-                             : hi < lo                        ? 2
-                             : hi - lo > max_len              ? 3
-                             : b == batch - 1 && hi > total ? 4
-                                                              : 0;
+        int           kind = 0;
+        if (b == 0 && lo != 0) kind = 1;
+        else if (hi < lo) kind = 2;
+        else if (hi - lo > max_len) kind = 3;
+        else if (b == batch - 1 && hi > total) kind = 4;
         if (kind) atomicMin(&first, (unsigned long long)b << 3 | (unsigned)kind);
     }
     __syncthreads();
@@ -404,8 +404,8 @@ static __global__ void __launch_bounds__(256) check_seqlens_kernel(const int32_t
 
 /* exec.check = 1 on a device backend: the varlen prefix sums, which the kernels otherwise trust, checked by a
  * pre-pass on the stream during validation (fa_check, fa_workspace_size and every call), before anything is
- * written; the call waits for the answer, so a stream being captured
- * into a CUDA graph is refused. The messages are the host backends'. */
+ * written. The call waits for the answer, so a stream being captured into a CUDA graph is refused. The
+ * messages are the host backends', marked "(device check)". */
 static fa_status check_device_seqlens(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev) {
     if (!x->check || !fa_is_varlen(p)) return FA_OK;
     cudaStream_t            stream = (cudaStream_t)x->stream;
