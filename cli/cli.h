@@ -39,6 +39,7 @@ typedef struct cli_options {
     int seed_given;
     uint64_t seed;
     int32_t threads;
+    int no_device_check; /* 1: fa_exec.check = 0 in check/run (bench never checks: it would time a sync) */
     fa_kernel kernel;
     int layout; /* vf_layout: 0 = (batch, seqlen, heads, head_dim), 1 = (batch, heads, seqlen, head_dim) */
     int32_t repeats, warmup, rows; /* -1: defaults */

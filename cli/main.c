@@ -54,6 +54,8 @@ static const char usage[] =
     "  --threads N             CPU threads (default: all)\n"
     "  --deterministic         deterministic backward (check --bwd also compares two runs bit for bit)\n"
     "  --kernel auto|fa2|fa3   CUDA kernel family\n"
+    "  --no-device-check       check/run: let the GPU backends trust cu_seqlens (fa_exec.check = 0); by default\n"
+    "                          they check them on the device first (bench never does)\n"
     "  --layout bshd|bhsd      memory order of Q, K, V, O and their gradients: (batch, seqlen, heads, head_dim),\n"
     "                          the default, or (batch, heads, seqlen, head_dim), e.g. PyTorch's contiguous tensors\n"
     "  --repeats N --warmup N  timed runs (run: 3 and 1 on a GPU, 1 and 0 on the CPU; bench: 10 and 3 on a GPU,\n"
@@ -183,6 +185,7 @@ fa_exec cli_exec(const cli_options *o, fa_backend b) {
     x.kernel = o->kernel;
     x.device = -1;
     x.num_threads = o->threads;
+    x.check = !o->no_device_check;
     return x;
 }
 
@@ -365,6 +368,7 @@ static const option_spec option_specs[] = {
     OPT("--bwd", 'f', bwd, 1, 0),
     OPT("--deterministic", 'f', deterministic, 1, 0),
     OPT("--fwd-only", 'f', fwd_only, 1, 0),
+    OPT("--no-device-check", 'f', no_device_check, 1, 0),
     OPT("--decode", 'f', decode, 1, 0),
     OPT("--leftpad", 'f', leftpad, 1, 0),
     OPT("--rotary-halves", 'f', rotary_halves, 1, 0),
@@ -609,12 +613,33 @@ static int cmd_run(cli_options *o) {
     int written = st == FA_OK && written_ok(&pr, 0, "forward");
     if (st == FA_OK) st = vf_run(&pr, &x, 1);
     written = written && st == FA_OK && written_ok(&pr, 1, "backward");
-    if (st == FA_OK) st = vf_time(&pr, &x, 0, warmup, repeats, &ms_f);
-    if (st == FA_OK) st = vf_time(&pr, &x, 1, warmup, repeats, &ms_b);
+    /* timed without the device-side checks (the calls above had them; the data has not changed): they
+     * synchronise, and their cost is shown on its own below */
+    fa_exec xt = x;
+    xt.check = 0;
+    if (st == FA_OK) st = vf_time(&pr, &xt, 0, warmup, repeats, &ms_f);
+    if (st == FA_OK) st = vf_time(&pr, &xt, 1, warmup, repeats, &ms_b);
     if (st != FA_OK) {
         code = cli_report_status(st, "run failed", pr.error[0] ? pr.error : fa_last_error());
         vf_problem_destroy(&pr);
         return code;
+    }
+    if (x.check && o->varlen && vf_backend_on_device(b)) {
+        /* what exec.check = 1 adds to a call: fa_check with and without it (validation alone, then with the
+         * pre-pass kernel and the wait for its answer) */
+        const fa_params *dp = vf_params_for(&pr, b);
+        double ms[2] = { 0, 0 };
+        for (int with = 0; with < 2 && dp; with++) {
+            fa_exec xc = x;
+            xc.check = with;
+            fa_check(dp, &xc, 0);
+            const double t0 = vf_seconds();
+            for (int i = 0; i < 100; i++) fa_check(dp, &xc, 0);
+            ms[with] = (vf_seconds() - t0) * 10.0;
+        }
+        printf("  device check of cu_seqlens (exec.check = 1): +%.3f ms per call (fa_check %.3f ms with, %.3f "
+               "without)\n",
+               ms[1] - ms[0], ms[1], ms[0]);
     }
     const double ff = vf_flops(&pr, 0), fb = vf_flops(&pr, 1);
     /* FLOP / ms in TFLOP/s on a GPU, GFLOP/s on the CPU (where TFLOP/s reads 0.0x) */

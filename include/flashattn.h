@@ -31,19 +31,23 @@
  * gradients. (flash-attn 2.x writes LSE = +inf there; FA3, cuDNN and FlashInfer write -inf, as we do.)
  * Whether a row is empty is decided by the mask alone, never by the values.
  *
- * Non-finite values (CPU and reference backends; the GPU backends are not held to this):
+ * Non-finite values (every backend; where the device backends differ, it says so):
  *   - a NaN among a row's visible scores (from a NaN in Q or K, or NaN * 0 in Q.K) makes its O and LSE NaN;
  *   - a +Inf visible score makes its O and LSE NaN (IEEE softmax: Inf - Inf); a -Inf score is a key of
  *     weight 0, and a row whose visible scores are all -Inf is NaN (not empty);
- *   - scores are fp32 on the CPU backend and fp64 on the reference: where Q.K overflows fp32 the CPU row
- *     is NaN and the reference's is right; such a row is never reported empty;
+ *   - scores are fp32 on the CPU and device backends and fp64 on the reference: where Q.K overflows fp32 the
+ *     row is NaN, the reference's is right; such a row is never reported empty;
  *   - a NaN or Inf anywhere in a V row makes the whole O row NaN of every query that sees that key (its LSE
- *     stays as computed from the scores); rows that do not see the key are not affected;
+ *     stays as computed from the scores); rows that do not see the key are not affected. The device backends
+ *     (CUDA, naive) multiply P by V as it is: the O columns where that V row is non-finite become NaN or +-Inf
+ *     for the queries that see the key, and may become NaN for other queries of the same (batch, head) (a
+ *     masked key's weight 0 times NaN or Inf in a tile product); empty rows stay O = 0;
  *   - softmax_scale and softcap must be finite (FA_ERR_INVALID_ARGUMENT otherwise), and so must ALiBi
- *     slopes on the host backends, which read them during validation;
+ *     slopes on the host backends, which read them during validation (the device backends do not read them
+ *     there: a non-finite slope makes the rows of its head NaN);
  *   - backward: the rows whose O, LSE or dO is NaN get NaN in dQ, and the keys they see NaN in dK and dV;
- *     on the CPU backend the NaN may spread to more gradients of the same (batch, kv head) (a NaN times the
- *     zero weight of a masked key inside a block product), never to other batch entries or kv heads.
+ *     the NaN may spread to more gradients of the same (batch, kv head) (a NaN times the zero weight of a
+ *     masked key inside a block product), never to other batch entries or kv heads.
  *
  * GQA / MQA: query head h reads key/value head h / (heads_q / heads_kv); the backward sums dK and dV over
  * the query heads of a group.
@@ -166,8 +170,10 @@ typedef struct fa_params {
 
     /* Varlen: both NULL (dense) or both set, each batch + 1 int32 prefix sums starting at 0. total_q and
      * total_k are the number of token rows the packed tensors hold (>= cu_seqlens[batch]). The host backends
-     * check the prefix sums against seqlen_q/k and total_q/k; the CUDA backends read them in device memory
-     * and trust them (checking would need a synchronising copy), so they must hold those bounds. */
+     * check the prefix sums against seqlen_q/k and total_q/k. The CUDA and naive backends read them in device
+     * memory and, unless exec.check = 1, trust them (checking needs a synchronisation): the kernels index Q, K,
+     * V, O, LSE and the gradients with them and size their grids by seqlen_q/k, so a prefix sum that breaks
+     * these bounds reads and writes out of bounds. */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
     int64_t total_q;
@@ -209,6 +215,15 @@ typedef struct fa_exec {
      * the call (with cudaMallocAsync on the stream for CUDA). */
     void  *workspace;
     size_t workspace_bytes;
+    /* 1: the device backends (CUDA, naive) check what they otherwise trust in device memory: the varlen
+     * cu_seqlens_q/k (start at 0, non-decreasing, each length <= seqlen_q/k, the last <= total_q/k), by a
+     * pre-pass kernel on the stream during validation (fa_check, fa_workspace_size, fa_fwd, fa_bwd). A bad value
+     * is FA_ERR_INVALID_ARGUMENT naming the array and index, with nothing written. The call waits for the
+     * check's answer (a stream synchronisation), so it is slower and not CUDA-graph-safe: a stream being
+     * captured is refused (FA_ERR_INVALID_ARGUMENT). 0 (the default): trusted, nothing waits. The host backends
+     * always check (their arrays are host memory) and ignore it. The CLI sets it; the Python binding does with
+     * FLASHATTN_DEBUG=1. */
+    int32_t check;
 } fa_exec;
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -226,7 +241,8 @@ FA_API fa_tensor fa_tensor_contiguous(void *data, int64_t seqlen, int32_t heads,
 /* Checks p against exec's backend without running anything: FA_OK, or the status the call would return
  * (invalid argument, unsupported, not compiled, no device) with fa_last_error() saying why.
  * backward = 0 checks the forward, 1 the backward. Pointers are checked for NULL, alignment and overlap (see
- * "Memory checks" above); the host backends also read cu_seqlens and alibi_slopes, nothing else is read. */
+ * "Memory checks" above); the host backends also read cu_seqlens and alibi_slopes, and with exec.check = 1 the
+ * device backends read cu_seqlens on the device (see fa_exec.check); nothing else is read. */
 FA_API fa_status fa_check(const fa_params *p, const fa_exec *exec, int backward);
 
 /* Bytes of workspace the forward (backward = 0) or backward (1) needs for p on exec's backend. */

@@ -495,6 +495,8 @@ static fa_status resolve_exec(const fa_params *p, const fa_exec *exec, fa_exec *
     if (x->num_threads < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.num_threads (%d) is negative", x->num_threads);
     if (x->workspace && x->workspace_bytes == 0)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.workspace is set but exec.workspace_bytes is 0");
+    if (x->check != 0 && x->check != 1)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.check (%d) is not 0 or 1", x->check);
     if (x->kernel != FA_KERNEL_AUTO && x->kernel != FA_KERNEL_FA2 && x->kernel != FA_KERNEL_FA3)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.kernel (%d) is not AUTO, FA2 or FA3", (int)x->kernel);
     switch (x->backend) {

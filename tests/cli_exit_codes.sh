@@ -37,6 +37,8 @@ echo '{"not": "a list"}' > "$tmp/bad.json"
 expect 2 "--peers on a malformed file is bad usage" "not a JSON list" -- \
     bench --sweep paper --backend cpu --plot "$tmp/p.svg" --peers "$tmp/bad.json"
 expect 2 "an unknown option" "" -- check --no-such-option
+expect 0 "check --no-device-check (the host backends ignore fa_exec.check)" "check: PASS" -- \
+    check $small --varlen --no-device-check
 decode="--decode --backend cpu --batch 3 --heads 4 --heads-kv 2 --head-dim 32 --seqlen-k 100"
 expect 0 "check --decode, paged, appending with rotary, causal" "check: PASS" -- \
     check $decode --page-size 16 --new 3 --seqlen-q 3 --causal --rotary-dim 32 --leftpad

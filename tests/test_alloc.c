@@ -57,7 +57,7 @@ static void problem(fa_params *p, int varlen) {
 }
 
 static fa_status call(const fa_params *p, fa_backend be, int backward, long fail) {
-    fa_exec e = { be, FA_KERNEL_AUTO, -1, 0, NULL, NULL, 0 };
+    fa_exec e = { be, FA_KERNEL_AUTO, -1, 0, NULL, NULL, 0, 0 };
     calls = 0, fail_at = fail, armed = 1;
     fa_status st = backward ? fa_bwd(p, &e) : fa_fwd(p, &e);
     armed = 0;
@@ -123,7 +123,7 @@ static float rcos[KV_RO * KV_ROT / 2], rsin[KV_RO * KV_ROT / 2];
 static int32_t table[B * KV_MAX_PAGES], seqlens[B] = { 40, 0 };
 
 static fa_status kv_call(const fa_params *p, const fa_kvcache *kv, fa_backend be, long fail) {
-    fa_exec e = { be, FA_KERNEL_AUTO, -1, 0, NULL, NULL, 0 };
+    fa_exec e = { be, FA_KERNEL_AUTO, -1, 0, NULL, NULL, 0, 0 };
     calls = 0, fail_at = fail, armed = 1;
     fa_status st = fa_fwd_kvcache(p, kv, &e);
     armed = 0;

@@ -2,23 +2,32 @@
 /*
  * test_nonfinite.c - the non-finite rules of flashattn.h on the CPU and reference backends: a NaN or +Inf in
  * a row's visible scores, a non-finite value in a V row it sees, scores that overflow fp32, rows left empty
- * by the mask, NaN or Inf ALiBi slopes; forward and backward.
+ * by the mask, NaN or Inf ALiBi slopes; forward and backward. With a GPU, the same cases on the CUDA
+ * backend (the FA2 kernels, and the FA3 forward on compute capability 9.0) and the naive backend, in bf16.
  *
  * Each case runs a clean problem and a copy with one value made non-finite, and checks every output row:
  * rows the value cannot reach must come out bit-identical to the clean run, the rows it reaches as the
  * header says (NaN O and LSE, NaN O only, or NaN gradients). Shapes span more than one CPU block of queries
  * and keys (200 > 192 query rows, > 96 keys) with a causal mask, so the rule holds across block edges and
- * under the mask.
+ * under the mask. The device backends run the same values rounded to bf16 (their backward in deterministic
+ * mode, so that runs compare bit for bit); where flashattn.h lets them differ (a non-finite V value may
+ * reach rows of the same head that do not see its key; their rows of the changed head that the value does not
+ * reach may round differently, e.g. when a warp's softmax takes another path) the checks say so.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef FA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "flashattn.h"
 #include "harness.h"
 
-enum { B = 2, H = 2, S = 200, D = 16 };
+/* head_dim 64: one every device kernel family has */
+enum { B = 2, H = 2, S = 200, D = 64 };
 #define NQ ((size_t)B * S * H * D)
 #define NL ((size_t)B * H * S)
 
@@ -33,6 +42,20 @@ static float frand(void) {
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     return (float)((rng >> 40) * (1.0 / (1 << 24))) * 2.0f - 1.0f;
 }
+
+/* Where a case runs: a backend, and for the CUDA backend the kernel family. */
+typedef struct target {
+    const char *name;
+    fa_backend backend;
+    fa_kernel kernel;
+    int device; /* device pointers, bf16 */
+} target;
+
+static const target host_targets[2] = { { "cpu", FA_BACKEND_CPU, FA_KERNEL_AUTO, 0 },
+                                        { "reference", FA_BACKEND_REFERENCE, FA_KERNEL_AUTO, 0 } };
+static const target device_targets[3] = { { "cuda fa2", FA_BACKEND_CUDA, FA_KERNEL_FA2, 1 },
+                                          { "cuda fa3", FA_BACKEND_CUDA, FA_KERNEL_FA3, 1 },
+                                          { "naive", FA_BACKEND_NAIVE, FA_KERNEL_AUTO, 1 } };
 
 static void setup(prob *x, int causal) {
     rng = 88172645463325252ull;
@@ -57,10 +80,88 @@ static size_t lse_at(int b, int r, int h) {
     return ((size_t)b * H + h) * S + r;
 }
 
-static fa_status run(prob *x, fa_backend be, int backward) {
+static fa_exec exec_for(const target *t) {
     fa_exec e = { 0 };
-    e.backend = be;
+    e.backend = t->backend;
+    e.kernel = t->kernel;
     e.device = -1;
+    return e;
+}
+
+#ifdef FA_WITH_CUDA
+/* The device run: the host arrays rounded to bf16, copied in, the outputs copied back as floats. */
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (isnan(f)) return (uint16_t)(0x7fc0 | ((u >> 16) & 0x8000));
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+static float from_bf16(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t *dev_buf[8], host_bf16[NQ]; /* q k v dout, o dq dk dv */
+static float *dev_lse, *dev_slopes;
+
+static int dev_copy(uint16_t *dst, const float *src) {
+    for (size_t i = 0; i < NQ; i++) host_bf16[i] = to_bf16(src[i]);
+    return cudaMemcpy(dst, host_bf16, sizeof host_bf16, cudaMemcpyHostToDevice) == cudaSuccess;
+}
+static int dev_fetch(float *dst, const uint16_t *src) {
+    if (cudaMemcpy(host_bf16, src, sizeof host_bf16, cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+    for (size_t i = 0; i < NQ; i++) dst[i] = from_bf16(host_bf16[i]);
+    return 1;
+}
+
+static fa_status run_device(prob *x, const target *t, int backward) {
+    if (!dev_buf[0]) {
+        for (int i = 0; i < 8; i++)
+            if (cudaMalloc((void **)&dev_buf[i], sizeof host_bf16) != cudaSuccess) return FA_ERR_OUT_OF_MEMORY;
+        if (cudaMalloc((void **)&dev_lse, sizeof x->lse) != cudaSuccess ||
+            cudaMalloc((void **)&dev_slopes, sizeof x->slopes) != cudaSuccess)
+            return FA_ERR_OUT_OF_MEMORY;
+    }
+    const float *in[4] = { x->q, x->k, x->v, x->dout };
+    for (int i = 0; i < 4; i++)
+        if (!dev_copy(dev_buf[i], in[i])) return FA_ERR_DEVICE;
+    /* poisoned with a large finite value: an unwritten element fails the checks for 0, NaN or the clean run */
+    for (int i = 4; i < 8; i++) cudaMemset(dev_buf[i], 0x7f, sizeof host_bf16);
+    cudaMemset(dev_lse, 0x7f, sizeof x->lse);
+    fa_params p = x->p;
+    p.dtype = FA_BF16;
+    fa_tensor *views[8] = { &p.q, &p.k, &p.v, &p.dout, &p.o, &p.dq, &p.dk, &p.dv };
+    for (int i = 0; i < 8; i++) views[i]->data = dev_buf[i];
+    p.lse = dev_lse;
+    p.deterministic = 1;
+    if (p.alibi_slopes) { /* (always x->slopes) */
+        if (cudaMemcpy(dev_slopes, x->slopes, sizeof x->slopes, cudaMemcpyHostToDevice) != cudaSuccess)
+            return FA_ERR_DEVICE;
+        p.alibi_slopes = dev_slopes;
+    }
+    fa_exec e = exec_for(t);
+    fa_status st = fa_fwd(&p, &e);
+    if (st == FA_OK && backward) st = fa_bwd(&p, &e);
+    if (st != FA_OK) return st;
+    if (cudaDeviceSynchronize() != cudaSuccess || !dev_fetch(x->o, dev_buf[4]) ||
+        cudaMemcpy(x->lse, dev_lse, sizeof x->lse, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return FA_ERR_DEVICE;
+    if (backward && (!dev_fetch(x->dq, dev_buf[5]) || !dev_fetch(x->dk, dev_buf[6]) || !dev_fetch(x->dv, dev_buf[7])))
+        return FA_ERR_DEVICE;
+    return FA_OK;
+}
+#else
+static fa_status run_device(prob *x, const target *t, int backward) {
+    (void)x, (void)t, (void)backward;
+    return FA_ERR_NOT_COMPILED;
+}
+#endif
+
+static fa_status run(prob *x, const target *t, int backward) {
+    if (t->device) return run_device(x, t, backward);
+    fa_exec e = exec_for(t);
     fa_status st = fa_fwd(&x->p, &e);
     if (st == FA_OK && backward) st = fa_bwd(&x->p, &e);
     return st;
@@ -80,10 +181,6 @@ static int same(const float *a, const float *b, int n) {
     return !memcmp(a, b, sizeof(float) * (size_t)n);
 }
 
-static const char *bname(fa_backend be) {
-    return be == FA_BACKEND_CPU ? "cpu" : "reference";
-}
-
 static prob clean, dirty;
 
 /* What a changed query row (b0, h0, row `r0`) or key should do to the forward: `reach(r)` says whether row r of
@@ -98,7 +195,17 @@ static int only_row(int r) {
     return r == key_col;
 }
 
-static void check_forward(const char *name, fa_backend be, reach_fn reach, int lse_nan) {
+/* Close enough for a row of the changed head that the change does not reach, on a device backend: finite and
+ * within rounding of the clean run (the NaN is what is looked for). */
+static int near(const float *a, const float *b, int n, float tol) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(a[i]) || !(fabsf(a[i] - b[i]) <= tol)) return 0;
+    return 1;
+}
+
+/* v_col >= 0: a non-finite value in column v_col of V; on a device backend the reached rows need only that
+ * column non-finite, and the other rows of (b0, h0) are not checked (flashattn.h). */
+static void check_forward_v(const char *name, const target *t, reach_fn reach, int lse_nan, int v_col) {
     int ok = 1, reached = 0;
     char why[160] = "";
     for (int b = 0; b < B && ok; b++)
@@ -106,21 +213,30 @@ static void check_forward(const char *name, fa_backend be, reach_fn reach, int l
             for (int r = 0; r < S && ok; r++) {
                 const float *o = dirty.o + at(b, r, h), *oc = clean.o + at(b, r, h);
                 const float l = dirty.lse[lse_at(b, r, h)], lc = clean.lse[lse_at(b, r, h)];
+                const int lse_same = t->device ? fabsf(l - lc) <= 1e-2f : !memcmp(&l, &lc, 4);
                 if (b == 0 && h == 0 && reach(r)) {
                     reached++;
-                    if (!all_nan(o, D) || (lse_nan ? !isnan(l) : memcmp(&l, &lc, 4)))
+                    const int o_ok = t->device && v_col >= 0 ? !isfinite(o[v_col]) : all_nan(o, D);
+                    if (!o_ok || (lse_nan ? !isnan(l) : !lse_same))
                         ok = 0, snprintf(why, sizeof why, "row %d: O[0] %g, LSE %g", r, (double)o[0], (double)l);
+                } else if (b == 0 && h == 0 && t->device) {
+                    if (v_col < 0 && (!near(o, oc, D, 0.02f) || !lse_same))
+                        ok = 0, snprintf(why, sizeof why, "unreached row b%d h%d r%d changed (O[0] %g, clean %g)", b, h,
+                                         r, (double)o[0], (double)oc[0]);
                 } else if (!same(o, oc, D) || memcmp(&l, &lc, 4)) {
                     ok = 0, snprintf(why, sizeof why, "unreached row b%d h%d r%d changed", b, h, r);
                 }
             }
-    th_check(ok && reached, "%s %s (%d rows reached) %s", bname(be), name, reached, why);
+    th_check(ok && reached, "%s %s (%d rows reached) %s", t->name, name, reached, why);
+}
+static void check_forward(const char *name, const target *t, reach_fn reach, int lse_nan) {
+    check_forward_v(name, t, reach, lse_nan, -1);
 }
 
-static void forward_cases(fa_backend be) {
+static void forward_cases(const target *t) {
     setup(&clean, 1);
-    if (run(&clean, be, 0) != FA_OK) {
-        th_fail("%s clean forward: %s", bname(be), fa_last_error());
+    if (run(&clean, t, 0) != FA_OK) {
+        th_fail("%s clean forward: %s", t->name, fa_last_error());
         return;
     }
 
@@ -128,29 +244,29 @@ static void forward_cases(fa_backend be) {
     key_col = 150;
     setup(&dirty, 1);
     dirty.k[at(0, key_col, 0) + 3] = NAN;
-    th_check(run(&dirty, be, 0) == FA_OK, "%s forward with a NaN key runs", bname(be));
-    check_forward("NaN key", be, sees_key, 1);
+    th_check(run(&dirty, t, 0) == FA_OK, "%s forward with a NaN key runs", t->name);
+    check_forward("NaN key", t, sees_key, 1);
 
     /* +Inf scores: a key at +Inf in column 0 against queries whose column 0 is made positive gives +Inf
      * scores, which IEEE softmax turns into NaN (Inf - Inf); the row is not "empty" */
     setup(&dirty, 1);
     for (int r = 0; r < S; r++) dirty.q[at(0, r, 0)] = fabsf(dirty.q[at(0, r, 0)]) + 0.5f;
     memcpy(clean.q, dirty.q, sizeof clean.q);
-    run(&clean, be, 0);
+    run(&clean, t, 0);
     dirty.k[at(0, key_col, 0)] = INFINITY;
-    run(&dirty, be, 0);
-    check_forward("+Inf key", be, sees_key, 1);
+    run(&dirty, t, 0);
+    check_forward("+Inf key", t, sees_key, 1);
 
     /* fp32 overflow of Q.K: one query row whose every score is +Inf in fp32 must never come out empty
      * (O = 0, LSE = -inf): NaN on the CPU backend, the right answer in fp64 on the reference */
     setup(&clean, 1);
-    run(&clean, be, 0);
+    run(&clean, t, 0);
     setup(&dirty, 1);
     key_col = 120;
     for (int c = 0; c < D; c++) dirty.q[at(0, key_col, 0) + c] = 1e30f;
     for (int j = 0; j <= key_col; j++)
         for (int c = 0; c < D; c++) dirty.k[at(0, j, 0) + c] = 1e30f;
-    run(&dirty, be, 0);
+    run(&dirty, t, 0);
     {
         const float *o = dirty.o + at(0, key_col, 0), l = dirty.lse[lse_at(0, key_col, 0)];
         int right = 1; /* all scores equal: O is the mean of V over the visible keys */
@@ -159,59 +275,71 @@ static void forward_cases(fa_backend be) {
             for (int j = 0; j <= key_col; j++) m += dirty.v[at(0, j, 0) + c];
             right &= fabs(o[c] - m / (key_col + 1)) < 1e-4;
         }
-        th_check(l != -INFINITY && (all_nan(o, D) ? isnan(l) || be == FA_BACKEND_REFERENCE : right),
-                 "%s overflowing Q.K: row NaN or right (O[0] %g, LSE %g)", bname(be), (double)o[0], (double)l);
+        th_check(l != -INFINITY && (all_nan(o, D) ? isnan(l) || t->backend == FA_BACKEND_REFERENCE : right),
+                 "%s overflowing Q.K: row NaN or right (O[0] %g, LSE %g)", t->name, (double)o[0], (double)l);
     }
 
     /* NaN and Inf in V: O of the rows that see the key is NaN (all of it), their LSE unchanged; other rows,
      * including those of the same CPU block that do not see it, unchanged */
     setup(&clean, 1);
-    run(&clean, be, 0);
+    run(&clean, t, 0);
     key_col = 100;
     for (int inf = 0; inf < 2; inf++) {
         setup(&dirty, 1);
         dirty.v[at(0, key_col, 0) + 5] = inf ? -INFINITY : NAN;
-        run(&dirty, be, 0);
-        check_forward(inf ? "-Inf in V" : "NaN in V", be, sees_key, 0);
+        run(&dirty, t, 0);
+        check_forward_v(inf ? "-Inf in V" : "NaN in V", t, sees_key, 0, 5);
     }
 
     /* NaN in a query row: that row only */
     key_col = 7;
     setup(&dirty, 1);
     dirty.q[at(0, key_col, 0)] = NAN;
-    run(&dirty, be, 0);
-    check_forward("NaN query", be, only_row, 1);
+    run(&dirty, t, 0);
+    check_forward("NaN query", t, only_row, 1);
 
     /* the same under softcap (tanh of NaN is NaN) */
     setup(&clean, 1);
     clean.p.softcap = 5.0f;
-    run(&clean, be, 0);
+    run(&clean, t, 0);
     setup(&dirty, 1);
     dirty.p.softcap = 5.0f;
     dirty.q[at(0, key_col, 0)] = NAN;
-    run(&dirty, be, 0);
-    check_forward("NaN query, softcap", be, only_row, 1);
+    run(&dirty, t, 0);
+    check_forward("NaN query, softcap", t, only_row, 1);
 
-    /* rows the mask leaves without a key are empty, NaN inputs or not */
+    /* rows the mask leaves without a key are empty, NaN inputs or not: seqlen_k = S / 2 under the causal mask
+     * leaves the first S / 2 query rows no key. Every query row of (b0, h0) is NaN and so is a value in V: its
+     * visible rows are NaN, its empty rows still O = 0 and LSE = -inf (a masked key's weight 0 times NaN must not
+     * reach them); the other heads' empty rows too, their visible rows finite. */
+    setup(&dirty, 1);
+    dirty.p.seqlen_k = S / 2;
+    for (int r = 0; r < S; r++) dirty.q[at(0, r, 0) + 1] = NAN;
+    dirty.v[at(0, 10, 0) + 4] = NAN;
     {
-        static float q[4 * 8], k[2 * 8], v[2 * 8], o[4 * 8], lse[4];
-        fa_params p;
-        fa_params_init(&p, FA_F32, 1, 4, 2, 1, 1, 8);
-        p.causal = 1;
-        for (int i = 0; i < 32; i++) q[i] = NAN;
-        for (int i = 0; i < 16; i++) k[i] = v[i] = 1.0f;
-        p.q = fa_tensor_contiguous(q, 4, 1, 8), p.k = fa_tensor_contiguous(k, 2, 1, 8);
-        p.v = fa_tensor_contiguous(v, 2, 1, 8), p.o = fa_tensor_contiguous(o, 4, 1, 8), p.lse = lse;
-        fa_exec e = { be, FA_KERNEL_AUTO, -1, 0, NULL, NULL, 0 };
-        fa_status st = fa_fwd(&p, &e);
-        int ok = st == FA_OK && lse[0] == -INFINITY && lse[1] == -INFINITY && o[0] == 0.0f && o[15] == 0.0f &&
-                 isnan(lse[2]) && isnan(lse[3]) && all_nan(o + 16, 16);
-        th_check(ok, "%s masked rows empty, visible NaN rows NaN", bname(be));
+        const fa_status st = run(&dirty, t, 0);
+        int ok = st == FA_OK, row = -1;
+        for (int b = 0; b < B && ok; b++)
+            for (int h = 0; h < H && ok; h++)
+                for (int r = 0; r < S && ok; r++) {
+                    const float *o = dirty.o + at(b, r, h), l = dirty.lse[lse_at(b, r, h)];
+                    int zero = 1, finite = 1;
+                    for (int c = 0; c < D; c++) zero &= o[c] == 0.0f, finite &= isfinite(o[c]);
+                    if (r < S / 2)
+                        ok = zero && l == -INFINITY;
+                    else if (b == 0 && h == 0)
+                        ok = all_nan(o, D) && isnan(l);
+                    else
+                        ok = finite && isfinite(l);
+                    if (!ok) row = r;
+                }
+        th_check(ok, "%s masked rows empty, visible NaN rows NaN (%s%s, row %d)", t->name, fa_status_name(st),
+                 st == FA_OK ? "" : fa_last_error(), row);
     }
 }
 
 /* NaN or Inf ALiBi slopes are refused before anything is written */
-static void alibi_cases(fa_backend be) {
+static void alibi_cases(const target *t) {
     const float bad[3] = { NAN, INFINITY, -INFINITY };
     for (int i = 0; i < 3; i++) {
         setup(&dirty, 0);
@@ -221,21 +349,54 @@ static void alibi_cases(fa_backend be) {
         memset(dirty.o, 0x5a, sizeof dirty.o);
         memset(dirty.lse, 0x5a, sizeof dirty.lse);
         memcpy(clean.o, dirty.o, sizeof dirty.o);
-        fa_status st = run(&dirty, be, 0);
+        fa_status st = run(&dirty, t, 0);
         th_check(st == FA_ERR_INVALID_ARGUMENT && strstr(fa_last_error(), "alibi_slopes[1]") &&
                      same(dirty.o, clean.o, (int)NQ) && dirty.lse[0] == clean.o[0],
-                 "%s ALiBi slope %g refused: %s", bname(be), (double)bad[i], fa_last_error());
+                 "%s ALiBi slope %g refused: %s", t->name, (double)bad[i], fa_last_error());
     }
+}
+
+/* The device backends do not read the slopes during validation: a NaN or Inf slope makes every row of its head
+ * NaN (its diagonal key's score is NaN: Inf x 0, or NaN), O and LSE, and leaves the other head's bits alone */
+static void alibi_device_cases(const target *t) {
+    const float bad[3] = { NAN, INFINITY, -INFINITY };
+    setup(&clean, 1);
+    clean.slopes[0] = 0.5f;
+    clean.slopes[1] = 0.25f;
+    clean.p.alibi_slopes = clean.slopes;
+    fa_status st = run(&clean, t, 0);
+    if (st == FA_ERR_UNSUPPORTED) {
+        th_unsupported("%s ALiBi: %s", t->name, fa_last_error());
+        return;
+    }
+    for (int i = 0; i < 3 && st == FA_OK; i++) {
+        setup(&dirty, 1);
+        dirty.slopes[0] = 0.5f;
+        dirty.slopes[1] = bad[i];
+        dirty.p.alibi_slopes = dirty.slopes;
+        const fa_status sd = run(&dirty, t, 0);
+        int ok = sd == FA_OK, row = -1;
+        for (int b = 0; b < B && ok; b++)
+            for (int r = 0; r < S && ok; r++) {
+                ok = all_nan(dirty.o + at(b, r, 1), D) && isnan(dirty.lse[lse_at(b, r, 1)]) &&
+                     same(dirty.o + at(b, r, 0), clean.o + at(b, r, 0), D) &&
+                     same(&dirty.lse[lse_at(b, r, 0)], &clean.lse[lse_at(b, r, 0)], 1);
+                if (!ok) row = r;
+            }
+        th_check(ok, "%s ALiBi slope %g: its head's rows NaN, the other head unchanged (%s, row %d)", t->name,
+                 (double)bad[i], fa_status_name(sd), row);
+    }
+    if (st != FA_OK) th_fail("%s ALiBi clean run: %s", t->name, fa_last_error());
 }
 
 /* Backward: a non-finite value in Q, K or V makes NaN the dQ rows of every query it reaches (the query row
  * itself; the rows that see the key) and, for a query row, the dK and dV of every key that row sees; the other
  * batch entry and the other kv head are unchanged (the CPU backend may spread the NaN further inside the same
  * (batch, kv head), through the zero weights of masked keys, so those rows are not checked). */
-static void backward_cases(fa_backend be) {
+static void backward_cases(const target *t) {
     setup(&clean, 1);
-    if (run(&clean, be, 1) != FA_OK) {
-        th_fail("%s clean backward: %s", bname(be), fa_last_error());
+    if (run(&clean, t, 1) != FA_OK) {
+        th_fail("%s clean backward: %s", t->name, fa_last_error());
         return;
     }
     const int r0 = 150;
@@ -247,10 +408,10 @@ static void backward_cases(fa_backend be) {
         for (int r = 0; c == 3 && r < S; r++) dirty.q[at(0, r, 0)] = fabsf(dirty.q[at(0, r, 0)]) + 0.5f;
         if (c == 3) {
             memcpy(clean.q, dirty.q, sizeof clean.q);
-            run(&clean, be, 1);
+            run(&clean, t, 1);
         }
         target[at(0, r0, 0) + (c == 3 ? 0 : 2)] = c == 3 ? INFINITY : NAN;
-        fa_status st = run(&dirty, be, 1);
+        fa_status st = run(&dirty, t, 1);
         int ok = st == FA_OK;
         for (int r = r0; r < (c == 0 ? r0 + 1 : S) && ok; r++) ok = all_nan(dirty.dq + at(0, r, 0), D);
         for (int j = 0; c == 0 && j <= r0 && ok; j++)
@@ -261,18 +422,53 @@ static void backward_cases(fa_backend be) {
                  same(dirty.dk + o3, clean.dk + o3, D) && same(dirty.dv + o2, clean.dv + o2, D) &&
                  same(dirty.dk + o1, clean.dk + o1, D) && !any_nan(dirty.dq + o3, D);
         }
-        th_check(ok, "%s backward, %s: NaN dQ where it reaches, other batch entry and head unchanged", bname(be),
+        th_check(ok, "%s backward, %s: NaN dQ where it reaches, other batch entry and head unchanged", t->name,
                  site[c]);
     }
+
+    /* rows the mask leaves no key keep dQ = 0 when a V value and a dO row are NaN (a masked key's weight 0 times
+     * NaN in dP = dO V^T must not reach them) */
+    setup(&dirty, 1);
+    dirty.p.seqlen_k = S / 2;
+    dirty.v[at(0, 10, 0) + 4] = NAN;
+    for (int c = 0; c < D; c++) dirty.dout[at(0, S / 2 + 3, 0) + c] = NAN;
+    {
+        const fa_status st = run(&dirty, t, 1);
+        int ok = st == FA_OK, row = -1;
+        for (int b = 0; b < B && ok; b++)
+            for (int h = 0; h < H && ok; h++)
+                for (int r = 0; r < S / 2 && ok; r++)
+                    for (int c = 0; c < D && ok; c++)
+                        if (!(ok = dirty.dq[at(b, r, h) + c] == 0.0f)) row = r;
+        th_check(ok, "%s backward, empty rows keep dQ = 0 beside NaN (%s, row %d)", t->name, fa_status_name(st), row);
+    }
+}
+
+/* Whether a device target runs here: a GPU, the backend built, and for FA3 compute capability 9.0 (a skip line
+ * otherwise). */
+static int device_target_runs(const target *t) {
+    fa_device_info info;
+    if (!fa_backend_built(t->backend))
+        th_skip("%s: skipped (not built into this library)", t->name);
+    else if (fa_device_count() <= 0 || fa_device_get_info(0, &info) != FA_OK)
+        th_skip("%s: skipped (no GPU)", t->name);
+    else if (t->kernel == FA_KERNEL_FA3 && (info.cc_major != 9 || info.cc_minor != 0))
+        th_skip("%s: skipped (the FA3 kernel needs compute capability 9.0)", t->name);
+    else
+        return 1;
+    return 0;
+}
+
+static void run_target(const target *t) {
+    if (th_selected("forward")) forward_cases(t);
+    if (th_selected("alibi")) t->device ? alibi_device_cases(t) : alibi_cases(t);
+    if (th_selected("backward") && t->kernel != FA_KERNEL_FA3) backward_cases(t); /* FA3 is a forward kernel */
 }
 
 int main(int argc, char **argv) {
     th_init(argc, argv, NULL);
-    const fa_backend backends[2] = { FA_BACKEND_CPU, FA_BACKEND_REFERENCE };
-    for (int i = 0; i < 2; i++) {
-        if (th_selected("forward")) forward_cases(backends[i]);
-        if (th_selected("alibi")) alibi_cases(backends[i]);
-        if (th_selected("backward")) backward_cases(backends[i]);
-    }
+    for (int i = 0; i < 2; i++) run_target(&host_targets[i]);
+    for (int i = 0; i < 3; i++)
+        if (device_target_runs(&device_targets[i])) run_target(&device_targets[i]);
     return th_finish();
 }

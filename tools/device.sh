@@ -12,13 +12,13 @@
 # PARTS (default: all = build test sanitize bench cpu; build runs first, incrementally, unless only summary)
 #   build      make -j; prints the CUDA build time                          -> build.log
 #   test       make test (C tests with the GPU ones, install test, Python) -> tests.log
-#   sanitize   compute-sanitizer memcheck + racecheck on flashattn check    -> sanitize.log
+#   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck -> sanitize.log
 #   bench      bench/compare.py (ours and the peers, every ratio)           -> bench.log compare.json compare.csv
 #              then flashattn bench --sweep paper (our kernels alone)       -> extras.tar: ours-bench.log/.csv, plots
 #   cpu        fp32 b1 h8 s2048 d128 at 1 and 16 threads, ours vs torch    -> cpu.log (csv/json in extras.tar)
 #   summary    only compare.py's table, from compare.json already in $OUT
-# --quick      compare.py --quick (a few shapes per set), head_dim 128 only in flashattn bench, one shape per
-#              sanitizer tool
+# --quick      compare.py --quick (a few shapes per set), head_dim 128 only in flashattn bench, the sanitizers
+#              on one small shape per kernel family and head dim only
 # Environment: FA_COMPARE_ARGS / FA_BENCH_ARGS replace the arguments of compare.py / flashattn bench.
 set -u -o pipefail
 
@@ -83,14 +83,31 @@ part_test() {
     if [ $rc -ne 0 ]; then note "test: FAILED (rc $rc), see tests.log"; FAILED+=(test); else note "test: ok"; fi
 }
 
-# compute-sanitizer over flashattn check, forward and backward, for each kernel family. Exit status 3 from
-# the CLI means the shape is unsupported by that family: recorded, not a failure. A shape may start with
-# NAME=VALUE words: the environment of its runs.
+# compute-sanitizer over flashattn check (which runs the device-side cu_seqlens check too: exec.check = 1 is
+# its default). Zero reports are required. Two lists:
+#   - every kernel family at every head dim it has, one small shape each (FA2 forward + backward, the FA3
+#     forward, the naive forward + backward), under all four tools: memcheck (out-of-bounds and misaligned
+#     accesses, leaks), racecheck (shared-memory hazards), synccheck (barriers), initcheck (reads of device
+#     memory nothing wrote);
+#   - shapes that once exposed a bug (partial tiles, varlen, GQA, windows, softcap, ALiBi, the FA3 192-row
+#     tiles), under racecheck with FA2 and FA3 (without --quick).
+# Exit status 3 from the CLI means the shape is unsupported there (FA3 off compute capability 9.0): recorded, not
+# a failure. NAME=VALUE words in a shape are the environment of its runs. One summary line per tool.
+# About 3-4 minutes on an H200.
 part_sanitize() {
     local cs
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     if [ -z "$cs" ]; then note "sanitize: compute-sanitizer not found"; FAILED+=(sanitize); return 1; fi
-    local shapes=(
+    local small="--dtype bf16 --batch 1 --seqlen-q 100 --seqlen-k 130 --heads 2 --heads-kv 1 --causal"
+    local matrix=() d
+    for d in 32 64 96 128 192 256; do matrix+=("--backend cuda --kernel fa2 --bwd $small --head-dim $d"); done
+    matrix+=("--backend cuda --kernel fa2 --bwd --dtype f16 --batch 3 --seqlen-q 90 --seqlen-k 120 --heads 2 \
+--head-dim 128 --varlen --window 32,8 --softcap 30 --alibi")
+    for d in 64 128 256; do
+        matrix+=("--backend cuda --kernel fa3 --dtype bf16 --batch 2 --seqlen 150 --heads 2 --head-dim $d --causal --varlen")
+    done
+    matrix+=("--backend naive --bwd $small --head-dim 64")
+    local regressions=(
         "--dtype bf16 --batch 2 --seqlen-q 100 --seqlen-k 200 --heads 4 --heads-kv 2 --head-dim 64 --causal"
         "--dtype f16 --batch 1 --seqlen-q 129 --seqlen-k 129 --heads 2 --head-dim 128"
         "--dtype bf16 --batch 3 --seqlen-q 150 --seqlen-k 150 --heads 4 --heads-kv 1 --head-dim 128 --varlen --window 32,8 --softcap 30 --alibi"
@@ -100,33 +117,61 @@ part_sanitize() {
         "--dtype f16 --batch 2 --seqlen-q 300 --seqlen-k 300 --heads 4 --head-dim 64 --softcap 20 --window 40,-1"
         "--dtype bf16 --batch 1 --seqlen-q 700 --seqlen-k 700 --heads 2 --head-dim 64 --causal --k-ramp 1000"
         "--dtype bf16 --batch 2 --seqlen-q 448 --seqlen-k 448 --heads 2 --heads-kv 1 --head-dim 64 --causal"
-        "--dtype bf16 --batch 4 --seqlen-q 448 --seqlen-k 448 --heads 16 --heads-kv 4 --head-dim 64 --causal --k-ramp 1000"
     )
-    [ $QUICK -eq 1 ] && shapes=("${shapes[0]}")
-    local pass=0 fail=0 unsupported=0
-    : > "$OUT/sanitize.log"
-    for tool in memcheck racecheck; do
-        for kernel in fa2 fa3; do
-            for shape in "${shapes[@]}"; do
-                local envs=()
-                while [[ $shape == *=*\ * && ${shape%% *} == *=* ]]; do envs+=("${shape%% *}"); shape=${shape#* }; done
-                local cmd=(env "${envs[@]}" "$cs" --tool "$tool" --error-exitcode 99)
-                [ "$tool" = memcheck ] && cmd+=(--leak-check full)
-                echo "== $tool: ${envs[*]} $FA check --backend cuda --kernel $kernel --bwd $shape" >> "$OUT/sanitize.log"
-                # shellcheck disable=SC2086
-                "${cmd[@]}" "$FA" check --backend cuda --kernel $kernel --bwd $shape >> "$OUT/sanitize.log" 2>&1
-                local rc=$?
-                case $rc in
-                0) pass=$((pass + 1)) ;;
-                3) unsupported=$((unsupported + 1)); echo "(unsupported by $kernel)" >> "$OUT/sanitize.log" ;;
-                *) fail=$((fail + 1)); echo "FAIL rc=$rc: $tool $kernel $shape" | tee -a "$OUT/sanitize.log" ;;
-                esac
-            done
-        done
+    [ $QUICK -eq 1 ] && regressions=()
+    local runs=() tool kernel shape
+    for tool in memcheck racecheck synccheck initcheck; do
+        for shape in "${matrix[@]}"; do runs+=("$tool|$shape"); done
     done
-    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | sort | uniq -c
-    echo "sanitize: $pass passed, $fail failed, $unsupported unsupported"
-    if [ $fail -ne 0 ]; then FAILED+=(sanitize); fi
+    for kernel in fa2 fa3; do
+        for shape in "${regressions[@]}"; do runs+=("racecheck|--backend cuda --kernel $kernel --bwd $shape"); done
+    done
+    : > "$OUT/sanitize.log"
+    declare -A n_run n_clean n_report n_fail n_unsup n_found
+    local run
+    for run in "${runs[@]}"; do
+        tool=${run%%|*}
+        shape=${run#*|}
+        local envs=() args=() w
+        for w in $shape; do
+            if [[ $w =~ ^[A-Z][A-Z0-9_]*= ]]; then envs+=("$w"); else args+=("$w"); fi
+        done
+        local cmd=(env "${envs[@]}" "$cs" --tool "$tool" --error-exitcode 99)
+        [ "$tool" = memcheck ] && cmd+=(--leak-check full)
+        local log
+        log=$("${cmd[@]}" "$FA" check "${args[@]}" 2>&1)
+        local rc=$?
+        {
+            echo "== $tool: ${envs[*]} $FA check ${args[*]} (rc $rc)"
+            echo "$log" | grep -E '^=========|^check:|^flashattn:' | grep -v '^========= *$' | head -40
+        } >> "$OUT/sanitize.log"
+        # reports: the summary's count (racecheck: hazards; the others: errors)
+        local found
+        found=$(echo "$log" | sed -nE 's/.*(ERROR SUMMARY: ([0-9]+) error|RACECHECK SUMMARY: ([0-9]+) hazard).*/\2\3/p' |
+            tail -1)
+        found=${found:-0}
+        n_run[$tool]=$((${n_run[$tool]:-0} + 1))
+        n_found[$tool]=$((${n_found[$tool]:-0} + found))
+        if [ $rc -eq 3 ]; then
+            n_unsup[$tool]=$((${n_unsup[$tool]:-0} + 1))
+        elif [ $rc -eq 99 ] || [ "$found" -gt 0 ]; then
+            n_report[$tool]=$((${n_report[$tool]:-0} + 1))
+            echo "REPORT: $tool: $FA check ${args[*]}" | tee -a "$OUT/sanitize.log"
+        elif [ $rc -ne 0 ]; then
+            n_fail[$tool]=$((${n_fail[$tool]:-0} + 1))
+            echo "FAIL rc=$rc: $tool: $FA check ${args[*]}" | tee -a "$OUT/sanitize.log"
+        else
+            n_clean[$tool]=$((${n_clean[$tool]:-0} + 1))
+        fi
+    done
+    local bad=0
+    for tool in memcheck racecheck synccheck initcheck; do
+        printf 'sanitize %-9s %3d runs: %3d clean, %d with reports (%d found), %d failed, %d unsupported\n' "$tool" \
+            "${n_run[$tool]:-0}" "${n_clean[$tool]:-0}" "${n_report[$tool]:-0}" "${n_found[$tool]:-0}" \
+            "${n_fail[$tool]:-0}" "${n_unsup[$tool]:-0}" | tee -a "$OUT/sanitize.log"
+        bad=$((bad + ${n_report[$tool]:-0} + ${n_fail[$tool]:-0}))
+    done
+    if [ $bad -ne 0 ]; then FAILED+=(sanitize); fi
     note "sanitize: done"
 }
 

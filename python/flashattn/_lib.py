@@ -102,6 +102,11 @@ class Params(ctypes.Structure):
     ]
 
 
+# FLASHATTN_DEBUG=1: every GPU call sets fa_exec.check (device-side checks of cu_seqlens, which synchronise the
+# stream and do not work under CUDA graph capture).
+DEBUG = os.environ.get("FLASHATTN_DEBUG", "") not in ("", "0")
+
+
 class Exec(ctypes.Structure):
     """fa_exec: where and how a call runs."""
 
@@ -113,6 +118,7 @@ class Exec(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("check", ctypes.c_int32),
     ]
 
 

@@ -115,6 +115,7 @@ def _exec_for(t):
         exe.backend = _lib.FA_BACKEND_CUDA
         exe.device = t.device.index if t.device.index is not None else torch.cuda.current_device()
         exe.stream = torch.cuda.current_stream(t.device).cuda_stream
+        exe.check = int(_lib.DEBUG)
     else:
         exe.backend = _lib.FA_BACKEND_CPU
         exe.device = -1
@@ -400,6 +401,7 @@ class _Prepared:
             self.exe.backend = _lib.FA_BACKEND_CUDA
             self.device_index = device.index if device.index is not None else torch.cuda.current_device()
             self.exe.device = self.device_index
+            self.exe.check = int(_lib.DEBUG)
         else:
             self.exe.backend = _lib.FA_BACKEND_CPU
             self.exe.device = -1

@@ -331,7 +331,11 @@ static void bwd_store_dq(const bwd_ctx *cx, int64_t h, int64_t qg) {
     for (int64_t c = 0; c < L->chunks; c++) any |= L->dq_touched[(c * p->heads_q + h) * L->nqb_max + qg];
     for (int64_t r = 0; r < mrows; r++) {
         const int64_t o = fa_offset(p, &p->dq, b, s.tok_q, i0 + r, h);
-        if (!any) {
+        /* a row the mask leaves no key has dQ = 0, also where its block's sums took a masked key's weight 0 times
+         * a NaN (in V or dO) */
+        int64_t lo, hi;
+        fa_key_range(i0 + r, s.len_q, s.len_k, p->window_left, p->window_right, &lo, &hi);
+        if (!any || lo >= hi) {
             fa_cpu_store_zero_row(p->dq.data, p->dtype, o, d);
             continue;
         }

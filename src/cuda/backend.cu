@@ -382,6 +382,99 @@ static fa_status family_run(const fa_kernel_family *f, const fa_params *p, const
 }
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Device-side checks (exec.check = 1)
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* The first fault of one cu_seqlens array, in the order the host backends check (flashattn.c): kind 1 [0] is
+ * not 0, 2 the sums decrease at sequence b, 3 sequence b is longer than the max, 4 [batch] exceeds the total;
+ * 0 none. lo, hi: the array's values at b and b + 1. */
+typedef struct seqlens_fault {
+    int32_t kind, b, lo, hi;
+} seqlens_fault;
+
+/* Block 0 checks cu_seqlens_q, block 1 cu_seqlens_k; the first fault by sequence, then kind. */
+static __global__ void __launch_bounds__(256)
+    check_seqlens_kernel(const int32_t *cu_q, const int32_t *cu_k, int batch, int max_q, int max_k, int64_t total_q,
+                         int64_t total_k, seqlens_fault *out) {
+    __shared__ unsigned long long first;
+    const int32_t *cu      = blockIdx.x ? cu_k : cu_q;
+    const int64_t  max_len = blockIdx.x ? max_k : max_q, total = blockIdx.x ? total_k : total_q;
+    if (threadIdx.x == 0) first = ~0ull;
+    __syncthreads();
+    for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+        const int64_t lo = cu[b], hi = cu[b + 1];
+        int           kind = 0;
+        if (b == 0 && lo != 0) kind = 1;
+        else if (hi < lo) kind = 2;
+        else if (hi - lo > max_len) kind = 3;
+        else if (b == batch - 1 && hi > total) kind = 4;
+        if (kind) atomicMin(&first, (unsigned long long)b << 3 | (unsigned)kind);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        seqlens_fault f = {0, 0, 0, 0};
+        if (first != ~0ull) {
+            f.kind = (int32_t)(first & 7), f.b = (int32_t)(first >> 3);
+            f.lo = cu[f.b], f.hi = cu[f.b + 1];
+        }
+        out[blockIdx.x] = f;
+    }
+}
+
+/* exec.check = 1 on a device backend: the varlen prefix sums, which the kernels otherwise trust, checked by a
+ * pre-pass on the stream during validation (fa_check, fa_workspace_size and every call), before anything is
+ * written. The call waits for the answer, so a stream being captured into a CUDA graph is refused. The
+ * messages are the host backends', marked "(device check)". */
+static fa_status check_device_seqlens(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev) {
+    if (!x->check || !fa_is_varlen(p)) return FA_OK;
+    cudaStream_t            stream = (cudaStream_t)x->stream;
+    cudaStreamCaptureStatus capture;
+    int                     prev;
+    fa_status               st = device_enter(dev, &prev);
+    if (st != FA_OK) return st;
+    if ((st = fa_cuda_status(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing")) != FA_OK) goto done;
+    if (capture != cudaStreamCaptureStatusNone) {
+        st = fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.check = 1 waits for its device-side checks and cannot run while "
+                                              "the stream is captured into a CUDA graph");
+        goto done;
+    }
+    {
+        seqlens_fault *d_faults = NULL, faults[2];
+        st = fa_cuda_status(cudaMallocAsync((void **)&d_faults, sizeof faults, stream), "cudaMallocAsync");
+        if (st != FA_OK) goto done;
+        check_seqlens_kernel<<<2, 256, 0, stream>>>(p->cu_seqlens_q, p->cu_seqlens_k, p->batch, p->seqlen_q,
+                                                    p->seqlen_k, p->total_q, p->total_k, d_faults);
+        st = fa_cuda_status(cudaGetLastError(), "cu_seqlens check launch");
+        if (st == FA_OK)
+            st = fa_cuda_status(cudaMemcpyAsync(faults, d_faults, sizeof faults, cudaMemcpyDeviceToHost, stream),
+                                "cu_seqlens check copy");
+        const fa_status st_free = fa_cuda_status(cudaFreeAsync(d_faults, stream), "cudaFreeAsync");
+        if (st == FA_OK) st = st_free;
+        if (st == FA_OK) st = fa_cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize (cu_seqlens check)");
+        for (int i = 0; i < 2 && st == FA_OK; i++) {
+            const seqlens_fault f    = faults[i];
+            const char         *name = i ? "cu_seqlens_k" : "cu_seqlens_q";
+            const int32_t       max  = i ? p->seqlen_k : p->seqlen_q;
+            const int64_t       tot  = i ? p->total_k : p->total_q;
+            if (f.kind == 1)
+                st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[0] (%d) is not 0 (device check)", name, f.lo);
+            else if (f.kind == 2)
+                st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s decreases at index %d (%d -> %d) (device check)", name,
+                             f.b + 1, f.lo, f.hi);
+            else if (f.kind == 3)
+                st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s: sequence %d has length %lld > the max length %d (device "
+                             "check)", name, f.b, (long long)f.hi - f.lo, max);
+            else if (f.kind == 4)
+                st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[batch] (%d) exceeds the total token count (%lld) (device "
+                             "check)", name, f.hi, (long long)tot);
+        }
+    }
+done:
+    device_leave(prev);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
  * CUDA backend
  * ------------------------------------------------------------------------------------------------------- */
 
@@ -389,9 +482,10 @@ extern "C" fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int bac
     fa_cuda_device          dev;
     const fa_kernel_family *f;
     fa_status               st;
-    if ((st = check_cuda_rules(p, backward)) || (st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev)))
+    if ((st = check_cuda_rules(p, backward)) || (st = device_get(x, &dev)) ||
+        (st = check_pointers(p, backward, &dev)) || (st = select_family(p, x, &dev, backward, &f)))
         return st;
-    return select_family(p, x, &dev, backward, &f);
+    return check_device_seqlens(p, x, &dev);
 }
 
 extern "C" fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {
@@ -432,8 +526,10 @@ static const fa_kernel_family *naive_family(int backward) {
 extern "C" fa_status fa_naive_check(const fa_params *p, const fa_exec *x, int backward) {
     fa_cuda_device dev;
     fa_status      st;
-    if ((st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev))) return st;
-    return naive_family(backward)->supported(p, &dev);
+    if ((st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev)) ||
+        (st = naive_family(backward)->supported(p, &dev)))
+        return st;
+    return check_device_seqlens(p, x, &dev);
 }
 
 extern "C" fa_status fa_naive_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {

@@ -325,6 +325,19 @@ static __device__ __forceinline__ float fa_warp_sum(float x) {
     return x;
 }
 
+/* ---- masks ---- */
+
+/* Whether query row i of a sequence of len_q queries and len_k keys sees any key under the bottom-right
+ * aligned window (-1 = unbounded; causal is window_right = 0). A row is empty by this alone, never by its
+ * scores: a row sum that is 0 or NaN belongs to a row of non-finite scores, which is NaN (flashattn.h). */
+static __device__ __forceinline__ bool fa_row_sees_key(int64_t i, int64_t len_q, int64_t len_k, int window_left,
+                                                       int window_right) {
+    const int64_t diag = i + len_k - len_q;
+    const int64_t lo   = window_left < 0 ? 0 : max(diag - window_left, (int64_t)0);
+    const int64_t hi   = window_right < 0 ? len_k : min(diag + window_right + 1, len_k);
+    return lo < hi;
+}
+
 /* ---- math ---- */
 
 /* 2^x in one MUFU op (about 2 ulp; flushes denormal results to 0, so 2^-inf = 0). */

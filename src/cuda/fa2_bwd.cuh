@@ -265,11 +265,15 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
                 acc[2 * t] += x.x, acc[2 * t + 1] += x.y;
             }
         }
-        uint4 out;
-        out.x = fa_elem<T>::pack(acc[0] * a.scale, acc[1] * a.scale);
-        out.y = fa_elem<T>::pack(acc[2] * a.scale, acc[3] * a.scale);
-        out.z = fa_elem<T>::pack(acc[4] * a.scale, acc[5] * a.scale);
-        out.w = fa_elem<T>::pack(acc[6] * a.scale, acc[7] * a.scale);
+        /* a row the mask leaves no key has dQ = 0 exactly: its P is 0, but 0 times a NaN in dP (from V) or in
+         * D (from dO) would reach it */
+        uint4 out = make_uint4(0, 0, 0, 0);
+        if (fa_row_sees_key(r, s.len_q, s.len_k, a.window_left, a.window_right)) {
+            out.x = fa_elem<T>::pack(acc[0] * a.scale, acc[1] * a.scale);
+            out.y = fa_elem<T>::pack(acc[2] * a.scale, acc[3] * a.scale);
+            out.z = fa_elem<T>::pack(acc[4] * a.scale, acc[5] * a.scale);
+            out.w = fa_elem<T>::pack(acc[6] * a.scale, acc[7] * a.scale);
+        }
         *reinterpret_cast<uint4 *>((T *)a.dq.data + bwd_row(a.dq, varlen, b, s.tok_q, r, h) + sub * 8) = out;
     }
 }

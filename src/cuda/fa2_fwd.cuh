@@ -601,7 +601,9 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
         }
     }
 
-    /* Epilogue: O /= l, LSE = (m + log2 l) ln 2; rows that saw no key get O = 0 and LSE = -inf. O is staged in
+    /* Epilogue: O /= l, LSE = (m + log2 l) ln 2. Rows the mask leaves no key get O = 0 and LSE = -inf (O is
+     * not l-scaled there: a masked key's 0 times a NaN in V would reach it); a row that sees keys but whose sum
+     * is not positive (NaN after a NaN or +inf score, 0 when every visible score is -inf) is NaN. O is staged in
      * this warp's own rows of the Q tile (no other warp reads them) and stored as 16-byte rows. */
     {
         /* the block's coordinates recomputed (b, h and m0 kept across the loop cost the d = 128 kernel 12 bytes
@@ -620,14 +622,17 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                const float l   = fa_quad_sum(row_sum[mt][hf]);
-                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-                const int   r   = row_w + mt * 16 + g + 8 * hf;
-                if (lse && t == 0 && r < rows) lse[r] = l > 0.0f ? (row_max[mt][hf] + log2f(l)) * FA_LN2 : -INFINITY;
+                const float l    = fa_quad_sum(row_sum[mt][hf]);
+                const int   r    = row_w + mt * 16 + g + 8 * hf;
+                const bool  seen = fa_row_sees_key(m0e + r, sq2.len_q, sq2.len_k, a.window_left, a.window_right);
+                const float inv  = l > 0.0f ? 1.0f / l : NAN;
+                if (lse && t == 0 && r < rows)
+                    lse[r] = !seen ? -INFINITY : l > 0.0f ? (row_max[mt][hf] + log2f(l)) * FA_LN2 : NAN;
 #pragma unroll
                 for (int dt = 0; dt < DT; dt++) {
                     const uint32_t off = QTile::offset(r, dt) + 4 * t;
-                    *(uint32_t *)(fa2_smem + off) = E::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv);
+                    *(uint32_t *)(fa2_smem + off) =
+                        seen ? E::pack(acc[mt][dt][2 * hf] * inv, acc[mt][dt][2 * hf + 1] * inv) : 0u;
                 }
             }
         __syncwarp();

@@ -1536,17 +1536,29 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             else fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
 
             FA3_EV(FA3_EV_EPI, tile);
-            /* Finalize: full row sums, O / l, LSE (natural log); rows that saw no key get O = 0, LSE = -inf. */
+            /* Finalize: full row sums, O / l, LSE (natural log). A row the mask leaves no key (none at all, or the
+             * window's right edge before key 0; its left edge never passes the last key, where the last row sits)
+             * gets O = 0, not O / l (a masked key's 0 times a NaN in V reaches it), and LSE = -inf; a row that sees
+             * keys but whose sum is not positive (NaN after a NaN or +inf score, 0 when every visible score is
+             * -inf) is NaN. */
+            const int seq_row0 = row0 - g.shift;
             float inv[2], lse[2];
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
                 l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-                const bool empty = !(l[hh] > 0.0f);
-                inv[hh] = empty ? 0.0f : 1.0f / l[hh];
-                lse[hh] = empty ? -INFINITY : (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f;
+                const bool empty = g.len_k == 0 || (a.window_right >= 0 && (long long)seq_row0 + 8 * hh + g.len_k -
+                                                                                  g.len_q + a.window_right < 0);
+                if (empty) {
+#pragma unroll
+                    for (int i = 0; i < D / 2; ++i)
+                        if (((i >> 1) & 1) == hh) o[i] = 0.0f;
+                }
+                inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? 1.0f / l[hh] : NAN;
+                lse[hh] = empty ? -INFINITY
+                          : l[hh] > 0.0f ? (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
+                                         : NAN;
             }
-            const int seq_row0 = row0 - g.shift;
             if (a.lse != nullptr && quad == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
 
             /* O through shared memory and one TMA store (rows past a dense sequence's end fall outside the

@@ -164,6 +164,12 @@ static __device__ __forceinline__ int64_t naive_lse_index(const naive_rows &a, i
     return a.varlen ? h * a.total_q + a.tok_q + i : ((int64_t)a.b * a.heads_q + h) * a.seqlen_q + i;
 }
 
+/* Whether key j is visible to query i. */
+static __device__ __forceinline__ bool naive_visible(const naive_rows &a, int64_t i, int64_t j) {
+    const int64_t diag = i + a.len_k - a.len_q;
+    return (a.window_left < 0 || j >= diag - a.window_left) && (a.window_right < 0 || j <= diag + a.window_right);
+}
+
 /* The score of key j for query i from the raw dot product x (-inf when masked); *dscale gets d score / d x. */
 static __device__ __forceinline__ float naive_score(const naive_rows &a, float slope, int64_t i, int64_t j, float x,
                                                     float *dscale) {
@@ -177,8 +183,7 @@ static __device__ __forceinline__ float naive_score(const naive_rows &a, float s
     }
     if (a.alibi) s -= slope * fabsf((float)(diag - j));
     if (dscale) *dscale = ds;
-    const bool visible = (a.window_left < 0 || j >= diag - a.window_left) && (a.window_right < 0 || j <= diag + a.window_right);
-    return visible ? s : -INFINITY;
+    return naive_visible(a, i, j) ? s : -INFINITY;
 }
 
 static __device__ __forceinline__ float naive_block_reduce(float x, bool is_max, float *red) {
@@ -204,17 +209,26 @@ __global__ void naive_softmax_fwd(const float *S, T *P, naive_rows a) {
     const float     *s     = S + row * a.len_k;
     T               *p     = P + row * a.len_k;
 
-    float mx = -INFINITY;
+    /* A row is empty (P = 0, LSE = -inf) when the mask leaves it no key. Otherwise a NaN score, which fmaxf
+     * leaves out of the max, still reaches the sum (exp(NaN - mx)), as does +inf (inf - inf); when every visible
+     * score is -inf, mx is -inf and exp(-inf - mx) is NaN: such rows come out NaN, never empty. */
+    const bool seen = fa_row_sees_key(i, a.len_q, a.len_k, a.window_left, a.window_right);
+    float      mx   = -INFINITY;
     for (int64_t j = threadIdx.x; j < a.len_k; j += blockDim.x) mx = fmaxf(mx, naive_score(a, slope, i, j, s[j], NULL));
     mx = naive_block_reduce(mx, true, red);
     float sum = 0.0f;
-    if (mx != -INFINITY)
-        for (int64_t j = threadIdx.x; j < a.len_k; j += blockDim.x) sum += expf(naive_score(a, slope, i, j, s[j], NULL) - mx);
+    if (seen)
+        for (int64_t j = threadIdx.x; j < a.len_k; j += blockDim.x) {
+            const float sc = naive_score(a, slope, i, j, s[j], NULL);
+            if (naive_visible(a, i, j)) sum += expf(sc - mx);
+        }
     sum = naive_block_reduce(sum, false, red);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = sum > 0.0f ? 1.0f / sum : NAN;
     for (int64_t j = threadIdx.x; j < a.len_k; j += blockDim.x)
-        p[j] = fa_elem<T>::from_float(mx == -INFINITY ? 0.0f : expf(naive_score(a, slope, i, j, s[j], NULL) - mx) * inv);
-    if (a.lse && threadIdx.x == 0) a.lse[naive_lse_index(a, h, i)] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+        p[j] = fa_elem<T>::from_float(
+            seen && naive_visible(a, i, j) ? expf(naive_score(a, slope, i, j, s[j], NULL) - mx) * inv : 0.0f);
+    if (a.lse && threadIdx.x == 0)
+        a.lse[naive_lse_index(a, h, i)] = !seen ? -INFINITY : sum > 0.0f ? mx + logf(sum) : NAN;
 }
 
 /* Element-wise backward of the chunk: P = exp(score - LSE), dS = P (dP - D) d score / d x. S and dP are fp32,
@@ -233,9 +247,11 @@ __global__ void naive_softmax_bwd(const float *S, const float *dP, const float *
         const int64_t e = row * a.len_k + j;
         float         ds;
         const float   sc = naive_score(a, slope, i, j, S[e], &ds);
-        const float   pv = (lse == -INFINITY || sc == -INFINITY) ? 0.0f : expf(sc - lse);
+        /* masked keys and empty rows (LSE -inf) get P = dS = 0 exactly (0 times a NaN in dP or D would be NaN) */
+        const bool    on = lse != -INFINITY && naive_visible(a, i, j);
+        const float   pv = on ? expf(sc - lse) : 0.0f;
         P[e]             = fa_elem<T>::from_float(pv);
-        dS[e]            = fa_elem<T>::from_float(pv * (dP[e] - di) * ds);
+        dS[e]            = fa_elem<T>::from_float(on ? pv * (dP[e] - di) * ds : 0.0f);
     }
 }
 
@@ -391,6 +407,16 @@ static fa_seq seq_of(const fa_params *p, const int32_t *cq, const int32_t *ck, i
     return s;
 }
 
+/* Query rows of a sequence that the mask leaves no key: the first len_q - len_k - window_right of them, where
+ * the window's right edge falls before key 0 (its left edge never passes the last key, which the last query
+ * sits on). Their O (forward) and dQ (backward) are zeroed after the products, in which a masked key's 0 times
+ * a NaN would reach them. */
+static int64_t empty_rows(const fa_params *p, const fa_seq *s) {
+    if (p->window_right < 0) return s->len_k > 0 ? 0 : s->len_q;
+    const int64_t n = s->len_q - s->len_k - p->window_right;
+    return n < 0 ? 0 : n > s->len_q ? s->len_q : n;
+}
+
 /* Pointer to (sequence b, row 0, head h) of a tensor. */
 static char *at(const fa_params *p, const fa_tensor *t, int64_t b, int64_t tok, int64_t h) {
     return (char *)t->data + fa_offset(p, t, b, tok, 0, h) * (int64_t)esize(p->dtype);
@@ -439,6 +465,13 @@ static fa_status naive_fwd_typed(const fa_params *p, const fa_cuda_device *dev, 
                           p->v.stride_seq, p->v.stride_head, P, dt, s.len_k, mat, 0.0f, at(p, &p->o, b, s.tok_q, hq), dt,
                           p->o.stride_seq, g * p->o.stride_head, nh);
             }
+        const int64_t ne = empty_rows(p, &s);
+        if (st == FA_OK && ne > 0) {
+            naive_view    out = {at(p, &p->o, b, s.tok_q, 0), p->o.stride_seq, p->o.stride_head};
+            const int64_t n   = ne * p->heads_q * d;
+            naive_zero_rows<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, ne, p->heads_q, d, a, 1);
+            st = fa_cuda_status(cudaGetLastError(), "naive zero-rows launch");
+        }
     }
     free(cq);
     return st;
@@ -517,6 +550,13 @@ static fa_status naive_bwd_typed(const fa_params *p, const fa_cuda_device *dev, 
                                p->dq.stride_seq, g * p->dq.stride_head, nh)))
                     break;
             }
+        const int64_t ne = empty_rows(p, &s);
+        if (st == FA_OK && ne > 0) {
+            naive_view    out = {at(p, &p->dq, b, s.tok_q, 0), p->dq.stride_seq, p->dq.stride_head};
+            const int64_t n   = ne * p->heads_q * d;
+            naive_zero_rows<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, ne, p->heads_q, d, a, 0);
+            st = fa_cuda_status(cudaGetLastError(), "naive zero-rows launch");
+        }
     }
     /* dK, dV accumulators -> the outputs, over each sequence's rows */
     for (int64_t b = 0; b < p->batch && st == FA_OK; b++) {
