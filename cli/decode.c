@@ -168,7 +168,8 @@ int cli_check_decode(cli_options *o, fa_backend b) {
         goto out;
     }
     fa_exec x = cli_exec(o, b);
-    fa_status st = fa_check_kvcache(&d.p, &d.kv, &x);
+    /* (a device backend sees the device copies only: vf_run_kvcache makes them, and its call checks them) */
+    fa_status st = vf_backend_on_device(b) ? FA_OK : fa_check_kvcache(&d.p, &d.kv, &x);
     if (st != FA_OK) {
         code = cli_report_status(st, "fa_fwd_kvcache refuses the problem", fa_last_error());
         goto out;
@@ -216,13 +217,25 @@ int cli_check_decode(cli_options *o, fa_backend b) {
     }
 
     memset(d.o, 0xff, d.es * d.q_elems); /* NaN: an element left unwritten fails the comparison */
+    memset(d.lse, 0xff, sizeof(float) * o->batch * o->heads * o->seqlen_q);
+    vf_kvcache_bytes bytes;
+    memset(&bytes, 0, sizeof bytes);
+    bytes.q = bytes.o = d.es * d.q_elems, bytes.lse = sizeof(float) * o->batch * o->heads * o->seqlen_q;
+    bytes.k = bytes.v = d.es * d.new_elems, bytes.k_cache = bytes.v_cache = d.es * d.cache_elems;
+    if (d.rotary_dim > 0)
+        bytes.rotary = d.es * (size_t)((d.page ? d.max_pages * d.page : d.cap) + o->seqlen_q) * (d.rotary_dim / 2);
+    bytes.alibi = d.p.alibi_slopes ? sizeof(float) * (size_t)pr.slope_count : 0;
+    bytes.seqlens = bytes.leftpad = sizeof(int32_t) * o->batch;
+    if (d.page) bytes.block_table = sizeof(int32_t) * ((size_t)d.max_pages * o->batch + 3);
+    char why[256];
     double t0 = vf_seconds();
-    st = fa_fwd_kvcache(&d.p, &d.kv, &x);
+    st = vf_run_kvcache(&d.p, &d.kv, &x, &bytes, why, sizeof why);
     if (st != FA_OK) {
-        code = cli_report_status(st, "the backend failed", fa_last_error());
+        code = cli_report_status(st, "the backend failed", why[0] ? why : fa_last_error());
         goto out;
     }
-    printf("  fa_fwd_kvcache: %.3f ms\n", 1e3 * (vf_seconds() - t0));
+    printf("  fa_fwd_kvcache: %.3f ms%s\n", 1e3 * (vf_seconds() - t0),
+           vf_backend_on_device(b) ? " (with the copies to and from the device)" : "");
     for (int32_t bb = 0; bb < o->batch; bb++)
         for (int32_t i = 0; i < o->seqlen_q; i++)
             for (int32_t h = 0; h < o->heads; h++) {
