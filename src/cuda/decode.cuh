@@ -101,15 +101,22 @@ static __device__ __forceinline__ int decode_leftpad(const decode_args &a, int b
     return a.cache_leftpad ? a.cache_leftpad[b] : 0;
 }
 
-/* Element offset of cache row `row` (absolute) of sequence b, head 0, in a cache with these strides. */
-static __device__ __forceinline__ int64_t decode_cache_row(const decode_args &a, int b, int row, int64_t s_batch,
-                                                           int64_t s_row) {
+/* Where cache row `row` (absolute) of sequence b lives: its page and the row within it when paged, else its
+ * cache sequence and the row. Element offset: unit * stride_batch + row * stride_seq (+ head). */
+struct decode_slot {
+    int64_t unit;
+    int row;
+};
+static __device__ __forceinline__ decode_slot decode_cache_slot(const decode_args &a, int b, int row) {
+    decode_slot s;
     if (a.block_table) {
-        const int32_t page = a.block_table[b * a.block_table_stride + row / a.page_size];
-        return page * s_batch + (int64_t)(row % a.page_size) * s_row;
+        s.unit = a.block_table[b * a.block_table_stride + row / a.page_size];
+        s.row = row % a.page_size;
+    } else {
+        s.unit = a.cache_batch_idx ? a.cache_batch_idx[b] : b;
+        s.row = row;
     }
-    const int seq = a.cache_batch_idx ? a.cache_batch_idx[b] : b;
-    return seq * s_batch + (int64_t)row * s_row;
+    return s;
 }
 
 /* Element c of a row x rotated to position pos: x0 c - x1 s for the first of a pair, x0 s + x1 c for the
@@ -143,8 +150,9 @@ __global__ void decode_append_kernel(const __grid_constant__ decode_args a) {
     const int row = decode_seqlen(a, b) + j;
     const T *kn = (const T *)a.k_new + b * a.kn_batch + j * a.kn_row + h * a.kn_head;
     const T *vn = (const T *)a.v_new + b * a.vn_batch + j * a.vn_row + h * a.vn_head;
-    T *kc = (T *)a.k_cache + decode_cache_row(a, b, row, a.kc_batch, a.kc_row) + h * a.kc_head;
-    T *vc = (T *)a.v_cache + decode_cache_row(a, b, row, a.vc_batch, a.vc_row) + h * a.vc_head;
+    const decode_slot at = decode_cache_slot(a, b, row);
+    T *kc = (T *)a.k_cache + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + h * a.kc_head;
+    T *vc = (T *)a.v_cache + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + h * a.vc_head;
     for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) {
         T k = kn[c];
         if (a.rotary_cos && c < a.rotary_dim)
@@ -222,8 +230,9 @@ static __device__ __forceinline__ void decode_load_tile(const decode_args &a, in
         const bool valid = j < len_k;
         const T *ks = k0, *vs = v0;
         if (valid) {
-            ks = k0 + decode_cache_row(a, b, pad + j, a.kc_batch, a.kc_row) + hk * a.kc_head + c * 8;
-            vs = v0 + decode_cache_row(a, b, pad + j, a.vc_batch, a.vc_row) + hk * a.vc_head + c * 8;
+            const decode_slot at = decode_cache_slot(a, b, pad + j);
+            ks = k0 + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + hk * a.kc_head + c * 8;
+            vs = v0 + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + hk * a.vc_head + c * 8;
         }
         fa_cp_async_16(sK + KVTile::offset(r, c), ks, valid);
         fa_cp_async_16(sV + KVTile::offset(r, c), vs, valid);
