@@ -419,6 +419,16 @@ static void gpu_cases(void) {
         { "gpu-long", FA_BF16, 2, 8, 2, 128, 1, 1, 5000, 64, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], th_opt.seed * 104729u + i);
+    /* The two-tile ring that d = 128 takes on the parts with 99 KB of shared memory per block, on this GPU
+     * (FLASHATTN_SMEM_LIMIT caps the limit the kernel selection assumes). */
+    if (!cuda_runs(&cases[0])) return;
+    const kv_case limited[] = {
+        { "gpu-99KB", FA_BF16, 4, 32, 8, 128, 1, 1, 300, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "gpu-99KB", FA_F16, 3, 16, 2, 128, 4, 4, 260, 16, 32, 1, 1, -1, -1, 0, 0, 1, 0, 0, 3 },
+    };
+    setenv("FLASHATTN_SMEM_LIMIT", "101376", 1);
+    for (size_t i = 0; i < sizeof limited / sizeof limited[0]; i++) run_case(&limited[i], th_opt.seed * 7u + i);
+    unsetenv("FLASHATTN_SMEM_LIMIT");
 }
 
 /* ---- invalid arguments: status, the field in the message, nothing written (o, lse, the cache) ---- */

@@ -17,7 +17,7 @@
 #include "kernels.h"
 #include "smem_limit.h"
 
-typedef cudaError_t (*decode_launcher)(const decode_args *a, fa_dtype dtype, cudaStream_t stream);
+typedef cudaError_t (*decode_launcher)(const decode_args *a, fa_dtype dtype, int stages, cudaStream_t stream);
 
 static decode_launcher attn_launcher(int head_dim) {
     switch (head_dim) {
@@ -31,6 +31,13 @@ static decode_launcher attn_launcher(int head_dim) {
 
 static int64_t kv_capacity(const fa_kvcache *kv) {
     return kv->block_table ? (int64_t)kv->max_pages * kv->page_size : kv->seqlen_cache;
+}
+
+/* K/V tiles in the attention kernel's ring: the most its head dim takes that fit the device's shared memory
+ * per block (2 where none does: decode_supported refuses it). */
+static int stages_for(int head_dim, const fa_cuda_device *dev) {
+    const int most = decode_stages_max(head_dim);
+    return most > 2 && decode_smem_bytes(head_dim, most) > fa_cuda_smem_limit(dev) ? 2 : most;
 }
 
 /* The launch geometry of a call. */
@@ -50,7 +57,7 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        const size_t smem = decode_smem_bytes(p->head_dim);
+        const size_t smem = decode_smem_bytes(p->head_dim, stages_for(p->head_dim, dev));
         int per_sm = (int)(dev->smem_per_sm / (smem + dev->smem_reserved));
         per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
         const int64_t wave = (int64_t)dev->sm_count * per_sm;
@@ -110,7 +117,8 @@ extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, 
                        "the CUDA decode kernels need compute capability 8.0 or newer (device %d "
                        "is %d.%d)",
                        dev->ordinal, dev->cc_major, dev->cc_minor);
-    const size_t smem = decode_smem_bytes(p->head_dim), limit = fa_cuda_smem_limit(dev);
+    const int stages = stages_for(p->head_dim, dev);
+    const size_t smem = decode_smem_bytes(p->head_dim, stages), limit = fa_cuda_smem_limit(dev);
     if (smem > limit)
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "the CUDA decode kernel for head_dim %d needs %zu bytes of shared memory "
@@ -133,7 +141,7 @@ extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, 
                        "batch (%d) and heads_kv x ceil(heads_q / heads_kv x seqlen_q / 16) (%lld) "
                        "must be <= 65535 for the CUDA decode grids",
                        p->batch, (long long)p->heads_kv * pl.m_blocks);
-    cudaError_t err = launch(NULL, p->dtype, 0);
+    cudaError_t err = launch(NULL, p->dtype, stages, 0);
     if (err != cudaSuccess) {
         cudaGetLastError();
         if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction)
@@ -209,7 +217,7 @@ extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const 
     cudaError_t err = cudaSuccess;
     if (a.k_new && a.seqlen_new > 0)
         err = bf16 ? launch_append<__nv_bfloat16>(&a, stream) : launch_append<__half>(&a, stream);
-    if (err == cudaSuccess) err = launch(&a, p->dtype, stream);
+    if (err == cudaSuccess) err = launch(&a, p->dtype, stages_for(p->head_dim, dev), stream);
     if (err == cudaSuccess && pl.num_splits > 1)
         err = bf16 ? launch_combine<__nv_bfloat16>(&a, stream) : launch_combine<__half>(&a, stream);
     return fa_cuda_status(err, "CUDA decode launch");

@@ -65,23 +65,25 @@ typedef struct decode_args {
 } decode_args;
 
 /* Warps per attention block (each takes 16 keys of a tile) and K/V tiles in the ring. Head dims up to 128 keep
- * three tiles (two in flight while one is computed; two blocks per SM on A100/H100), larger ones two. */
+ * three tiles where they fit (two in flight while one is computed; two blocks per SM on A100/H100), else two:
+ * the 99 KB parts (sm_86, sm_89, sm_120) at d = 128, and every part above d = 128. */
 #define DECODE_WARPS 4
-static constexpr __host__ __device__ int decode_stages(int d) {
+static constexpr __host__ __device__ int decode_stages_max(int d) {
     return d <= 128 ? 3 : 2;
 }
 static constexpr __host__ __device__ int decode_block_n(void) {
     return DECODE_WARPS * 16;
 }
 /* Shared memory of the attention kernel: the Q tile (16 rows) and the K/V ring, rows padded by 16 bytes. */
-static constexpr __host__ __device__ size_t decode_smem_bytes(int d) {
-    return (size_t)(2 * d + 16) * (16 + 2 * decode_stages(d) * decode_block_n());
+static constexpr __host__ __device__ size_t decode_smem_bytes(int d, int stages) {
+    return (size_t)(2 * d + 16) * (16 + 2 * stages * decode_block_n());
 }
 
-/* One launcher per head dim (decode_hdim*.cu) for the attention kernel: grid (num_splits, heads_kv x m_blocks,
- * batch). With a == NULL it only checks that this build holds the kernel for the current device. */
+/* One launcher per head dim (decode_hdim*.cu) for the attention kernel with `stages` K/V tiles (2, or 3 where
+ * decode_stages_max allows): grid (num_splits, heads_kv x m_blocks, batch). With a == NULL it only checks that
+ * this build holds the kernel for the current device. */
 #define DECODE_DECLARE_HDIM(D) \
-    cudaError_t decode_attn_hdim##D(const decode_args *a, fa_dtype dtype, cudaStream_t stream)
+    cudaError_t decode_attn_hdim##D(const decode_args *a, fa_dtype dtype, int stages, cudaStream_t stream)
 #define DECODE_DECLARE_ONE(D) DECODE_DECLARE_HDIM(D);
 FA_HDIMS(DECODE_DECLARE_ONE)
 #undef DECODE_DECLARE_ONE
@@ -239,10 +241,10 @@ static __device__ __forceinline__ void decode_load_tile(const decode_args &a, in
     }
 }
 
-template <typename T, int D>
+template <typename T, int D, int STAGES>
 __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __grid_constant__ decode_args a) {
     typedef fa_elem<T> E;
-    constexpr int NW = DECODE_WARPS, kThreads = NW * 32, BN = decode_block_n(), STAGES = decode_stages(D);
+    constexpr int NW = DECODE_WARPS, kThreads = NW * 32, BN = decode_block_n();
     constexpr int DT = D / 8; /* n8 tiles of O */
     typedef fa_smem_tile<16, D> QTile;
     typedef fa_smem_tile<BN, D> KVTile;
@@ -488,15 +490,15 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
     }
 }
 
-/* Launches the attention kernel for head dim D and dtype T. */
-template <typename T, int D>
+/* Launches the attention kernel for head dim D, dtype T and STAGES K/V tiles. */
+template <typename T, int D, int STAGES>
 static cudaError_t decode_attn_launch(const decode_args *a, cudaStream_t stream) {
-    void (*kernel)(const decode_args) = decode_attn_kernel<T, D>;
+    void (*kernel)(const decode_args) = decode_attn_kernel<T, D, STAGES>;
     if (!a) {
         cudaFuncAttributes attr;
         return cudaFuncGetAttributes(&attr, kernel);
     }
-    const int smem = (int)decode_smem_bytes(D);
+    const int smem = (int)decode_smem_bytes(D, STAGES);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
     dim3 grid((unsigned)a->num_splits, (unsigned)(a->heads_kv * a->m_blocks), (unsigned)a->batch);
@@ -504,10 +506,17 @@ static cudaError_t decode_attn_launch(const decode_args *a, cudaStream_t stream)
     return cudaGetLastError();
 }
 
-#define DECODE_DEFINE_HDIM(D)                                                     \
-    DECODE_DECLARE_HDIM(D) {                                                      \
-        return dtype == FA_BF16 ? decode_attn_launch<__nv_bfloat16, D>(a, stream) \
-                                : decode_attn_launch<__half, D>(a, stream);       \
+template <typename T, int D>
+static cudaError_t decode_attn_launch_stages(const decode_args *a, int stages, cudaStream_t stream) {
+    if constexpr (decode_stages_max(D) >= 3)
+        if (stages == 3) return decode_attn_launch<T, D, 3>(a, stream);
+    return stages == 2 ? decode_attn_launch<T, D, 2>(a, stream) : cudaErrorInvalidValue;
+}
+
+#define DECODE_DEFINE_HDIM(D)                                                                    \
+    DECODE_DECLARE_HDIM(D) {                                                                     \
+        return dtype == FA_BF16 ? decode_attn_launch_stages<__nv_bfloat16, D>(a, stages, stream) \
+                                : decode_attn_launch_stages<__half, D>(a, stages, stream);       \
     }
 
 #endif /* __CUDACC__ */
