@@ -500,6 +500,10 @@ static cudaError_t decode_attn_launch(const decode_args *a, cudaStream_t stream)
     }
     const int smem = (int)decode_smem_bytes(D, STAGES);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    /* all of the SM's shared memory: the blocks per SM are what keeps enough copies in flight */
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   (int)cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
     dim3 grid((unsigned)a->num_splits, (unsigned)(a->heads_kv * a->m_blocks), (unsigned)a->batch);
     kernel<<<grid, DECODE_WARPS * 32, smem, stream>>>(*a);
