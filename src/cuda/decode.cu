@@ -5,8 +5,9 @@
  * decode.cuh; the attention kernel is instantiated once per head dim in decode_hdim*.cu.
  *
  * Split count (kv->num_splits = 0): the blocks of one split, batch x kv heads x blocks of 16 query rows, are
- * compared with a wave (SMs x blocks per SM); when they fill less than most of one, the keys are split so that
- * the grid comes closest to whole waves, at most one split per key tile of the largest possible cache length.
+ * compared with a wave (SMs x blocks per SM); when they fill less than 80% of one, the keys are split: the
+ * fewest splits whose grid fills its waves within 15% as well as the best count does (busy block slots over
+ * the slots of the waves it takes), at most one split per key tile of the largest possible cache length.
  * It depends on host-known sizes only (the cache's capacity, never cache_seqlens), so a captured CUDA graph
  * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
  * and DECODE_MAX_SPLITS.
@@ -42,14 +43,15 @@ static int stages_for(int head_dim, const fa_cuda_device *dev) {
 
 /* The launch geometry of a call. */
 typedef struct decode_plan {
-    int m_blocks, num_splits;
+    int64_t m_blocks;
+    int num_splits;
     size_t workspace; /* bytes: partial O and LSE when split */
 } decode_plan;
 
 static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
     decode_plan pl;
     const int64_t rows = (int64_t)(p->heads_q / p->heads_kv) * p->seqlen_q;
-    pl.m_blocks = (int)((rows + 15) / 16);
+    pl.m_blocks = (rows + 15) / 16;
     const int64_t blocks = (int64_t)p->batch * p->heads_kv * pl.m_blocks;
     const int64_t tiles = (kv_capacity(kv) + decode_block_n() - 1) / decode_block_n();
     const int64_t max_splits = tiles < DECODE_MAX_SPLITS ? (tiles > 0 ? tiles : 1) : DECODE_MAX_SPLITS;
@@ -136,11 +138,11 @@ extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, 
                        "key range",
                        (long long)kv_capacity(kv));
     const decode_plan pl = plan_get(p, kv, dev);
-    if (p->batch > 65535 || (int64_t)p->heads_kv * pl.m_blocks > 65535)
+    if (p->batch > 65535 || p->heads_kv * pl.m_blocks > 65535)
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "batch (%d) and heads_kv x ceil(heads_q / heads_kv x seqlen_q / 16) (%lld) "
                        "must be <= 65535 for the CUDA decode grids",
-                       p->batch, (long long)p->heads_kv * pl.m_blocks);
+                       p->batch, (long long)(p->heads_kv * pl.m_blocks));
     cudaError_t err = launch(NULL, p->dtype, stages, 0);
     if (err != cudaSuccess) {
         cudaGetLastError();
@@ -201,7 +203,7 @@ extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const 
     a.q_positions_local = p->window_left >= 0 || p->window_right >= 0; /* (resolved: causal is window_right = 0) */
     a.batch = p->batch, a.seqlen_q = p->seqlen_q, a.seqlen_new = p->seqlen_k;
     a.heads_q = p->heads_q, a.heads_kv = p->heads_kv, a.group = p->heads_q / p->heads_kv;
-    a.rows = a.group * p->seqlen_q, a.m_blocks = pl.m_blocks;
+    a.rows = a.group * p->seqlen_q, a.m_blocks = (int32_t)pl.m_blocks;
     a.head_dim = p->head_dim;
     a.scale = p->softmax_scale, a.softcap = p->softcap;
     a.window_left = p->window_left, a.window_right = p->window_right;
