@@ -618,9 +618,13 @@ static void unattended_rows(const kv_case *c) {
         for (int64_t r = s.leftpad[b]; r < s.seqlens[b]; r++)
             for (int h = 0; h < c->hkv; h++) memset(attended + cache_index(&s, b, r, h), 1, (size_t)c->d);
     const size_t on = s.es * c->batch * c->sq * c->hq * c->d, ln = sizeof(float) * c->batch * c->hq * c->sq;
-    unsigned char *out[2][2];
-    int ok = 1;
-    for (int bi = 0; bi < 2; bi++)
+    const fa_backend backends[3] = { FA_BACKEND_CPU, FA_BACKEND_REFERENCE, FA_BACKEND_CUDA };
+    const int nb = cuda_runs(c) && cuda_hdim_built(c->d) ? 3 : 2;
+    const vf_kvcache_bytes bytes = setup_bytes(&s);
+    unsigned char *out[3][2];
+    int ok = 1, same = 1;
+    char why[200] = "";
+    for (int bi = 0; bi < nb; bi++) {
         for (int fill = 0; fill < 2; fill++) {
             for (size_t i = 0; i < s.cache_elems; i++) {
                 const float x = attended[i] ? fa_load(s.k0, c->dt, (int64_t)i) : fill ? NAN : 0.0f;
@@ -629,17 +633,20 @@ static void unattended_rows(const kv_case *c) {
             }
             fa_exec x;
             memset(&x, 0, sizeof x);
-            x.backend = bi ? FA_BACKEND_REFERENCE : FA_BACKEND_CPU;
-            ok &= fa_fwd_kvcache(&s.p, &s.kv, &x) == FA_OK;
+            x.backend = backends[bi];
+            x.device = -1;
+            ok &= vf_run_kvcache(&s.p, &s.kv, &x, &bytes, why, sizeof why) == FA_OK;
             out[bi][fill] = malloc(on + ln);
             memcpy(out[bi][fill], s.o, on), memcpy(out[bi][fill] + on, s.lse, ln);
         }
+        same &= !memcmp(out[bi][0], out[bi][1], on + ln);
+    }
     int finite = 1;
     for (size_t i = 0; i < s.p.batch * (size_t)c->sq * c->hq * c->d; i++)
         finite &= isfinite(fa_load(s.o, c->dt, (int64_t)i));
-    th_check(ok && finite && !memcmp(out[0][0], out[0][1], on + ln) && !memcmp(out[1][0], out[1][1], on + ln),
-             "%s: cpu and reference outputs bit-identical and finite", name);
-    for (int bi = 0; bi < 2; bi++) free(out[bi][0]), free(out[bi][1]);
+    th_check(ok && finite && same, "%s: %s outputs bit-identical and finite%s%s", name,
+             nb == 3 ? "cpu, reference and cuda" : "cpu and reference", why[0] ? ": " : "", why);
+    for (int bi = 0; bi < nb; bi++) free(out[bi][0]), free(out[bi][1]);
     free(attended);
     setup_free(&s);
 }
