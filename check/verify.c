@@ -574,6 +574,65 @@ const fa_params *vf_params_for(vf_problem *pr, fa_backend b) {
     return &pr->p;
 }
 
+#ifdef FA_WITH_CUDA
+/* A device copy of n bytes of host memory (NULL for NULL or 0 bytes); *ok cleared on failure. */
+static void *kv_to_device(const void *host, size_t n, int *ok) {
+    void *d = NULL;
+    if (!host || !n || !*ok) return NULL;
+    if (cudaMalloc(&d, n) != cudaSuccess || cudaMemcpy(d, host, n, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaGetLastError();
+        *ok = 0;
+    }
+    return d;
+}
+#endif
+
+fa_status vf_run_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, const vf_kvcache_bytes *n,
+                         char *why, size_t size) {
+    why[0] = '\0';
+#ifdef FA_WITH_CUDA
+    if (exec && vf_backend_on_device(exec->backend) && fa_device_count() > 0) {
+        int ok = 1;
+        fa_params dp = *p;
+        fa_kvcache dk = *kv;
+        dp.q.data = kv_to_device(p->q.data, n->q, &ok), dp.o.data = kv_to_device(p->o.data, n->o, &ok);
+        dp.lse = kv_to_device(p->lse, n->lse, &ok);
+        dp.k.data = kv_to_device(p->k.data, n->k, &ok), dp.v.data = kv_to_device(p->v.data, n->v, &ok);
+        dp.alibi_slopes = kv_to_device(p->alibi_slopes, n->alibi, &ok);
+        dk.k_cache.data = kv_to_device(kv->k_cache.data, n->k_cache, &ok);
+        dk.v_cache.data = kv_to_device(kv->v_cache.data, n->v_cache, &ok);
+        dk.rotary_cos = kv_to_device(kv->rotary_cos, n->rotary, &ok);
+        dk.rotary_sin = kv_to_device(kv->rotary_sin, n->rotary, &ok);
+        dk.cache_seqlens = kv_to_device(kv->cache_seqlens, n->seqlens, &ok);
+        dk.cache_batch_idx = kv_to_device(kv->cache_batch_idx, n->batch_idx, &ok);
+        dk.cache_leftpad = kv_to_device(kv->cache_leftpad, n->leftpad, &ok);
+        dk.block_table = kv_to_device(kv->block_table, n->block_table, &ok);
+        fa_status st = FA_ERR_DEVICE;
+        if (!ok) {
+            snprintf(why, size, "copying the inputs to the device failed");
+        } else if ((st = fa_fwd_kvcache(&dp, &dk, exec)) == FA_OK) {
+            cudaError_t e = cudaDeviceSynchronize();
+            if (e == cudaSuccess) e = cudaMemcpy(p->o.data, dp.o.data, n->o, cudaMemcpyDeviceToHost);
+            if (e == cudaSuccess && p->lse) e = cudaMemcpy(p->lse, dp.lse, n->lse, cudaMemcpyDeviceToHost);
+            if (e == cudaSuccess) e = cudaMemcpy(kv->k_cache.data, dk.k_cache.data, n->k_cache, cudaMemcpyDeviceToHost);
+            if (e == cudaSuccess) e = cudaMemcpy(kv->v_cache.data, dk.v_cache.data, n->v_cache, cudaMemcpyDeviceToHost);
+            if (e != cudaSuccess) {
+                snprintf(why, size, "the call or the copy back failed: %s", cudaGetErrorString(e));
+                cudaGetLastError();
+                st = FA_ERR_DEVICE;
+            }
+        }
+        const void *ptrs[] = { dp.q.data,        dp.o.data,          dp.lse,           dp.k.data,     dp.v.data,
+                               dp.alibi_slopes,  dk.k_cache.data,    dk.v_cache.data,  dk.rotary_cos, dk.rotary_sin,
+                               dk.cache_seqlens, dk.cache_batch_idx, dk.cache_leftpad, dk.block_table };
+        for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) cudaFree((void *)ptrs[i]);
+        return st;
+    }
+#endif
+    (void)n;
+    return fa_fwd_kvcache(p, kv, exec);
+}
+
 static int uses_device(const vf_problem *pr, fa_backend b) {
     return vf_backend_on_device(b) && pr->on_device;
 }

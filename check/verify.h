@@ -135,6 +135,19 @@ const fa_params *vf_params_for(vf_problem *pr, fa_backend b);
  * Returns the library's status; FA_ERR_DEVICE for a failed copy (pr->error says which). */
 fa_status vf_run(vf_problem *pr, const fa_exec *exec, int backward);
 
+/* The byte size of each array of a decode call (fa_fwd_kvcache), for vf_run_kvcache; 0 for an array the call
+ * does not have. rotary is the size of each of rotary_cos and rotary_sin. */
+typedef struct vf_kvcache_bytes {
+    size_t q, o, lse, k, v, k_cache, v_cache, rotary, alibi, seqlens, batch_idx, leftpad, block_table;
+} vf_kvcache_bytes;
+
+/* fa_fwd_kvcache on exec's backend with host arrays: run as given on the host backends; on a device backend
+ * (where a GPU is present) every array is copied to the device, the call runs there, and o, lse and the two
+ * caches are copied back over the host arrays. FA_ERR_DEVICE with why set when a copy fails; otherwise the
+ * library's status (fa_last_error() says why). */
+fa_status vf_run_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, const vf_kvcache_bytes *n,
+                         char *why, size_t size);
+
 /* Writes the poison pattern into the outputs of the forward (o, lse) or backward (dq, dk, dv), host only. */
 void vf_poison_outputs(vf_problem *pr, int backward);
 

@@ -87,6 +87,9 @@ int cli_bench(cli_options *o);
 /* check --decode (decode.c): fa_fwd_kvcache on backend b against the fp64 reference; an exit code. */
 int cli_check_decode(cli_options *o, fa_backend b);
 
+/* bench --decode (decode.c): one decode step's K+V bandwidth next to the copy bandwidth; an exit code. */
+int cli_bench_decode(cli_options *o);
+
 /* The sweeps bench --sweep knows ("paper, cpu"), and whether name is one of them. */
 const char *cli_sweep_names(void);
 int cli_sweep_known(const char *name);

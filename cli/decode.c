@@ -9,6 +9,10 @@
  * itself (its own walk over the cache, its own rotation) and compares O and LSE with that problem's fp64
  * reference under the tolerance rule of verify.c; the cache after the call must hold the appended rows and be
  * unchanged elsewhere. tests/test_kvcache.c does the same over a fixed set of cases.
+ *
+ * `flashattn bench --decode`: the median time of one decode step with every sequence attending --seqlen-k keys
+ * (8 x 8k of GQA 32/8, d128 by default), as the K and V bytes read per second, next to the bandwidth of a
+ * device-to-device copy of the K cache (bytes read + written) timed in the same run, interleaved with the calls.
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +21,10 @@
 
 #include "cli.h"
 #include "internal.h" /* fa_load, fa_store, fa_round_dtype: the library's own dtype conversions */
+
+#ifdef FA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 typedef struct decode_call {
     fa_params p;
@@ -168,7 +176,8 @@ int cli_check_decode(cli_options *o, fa_backend b) {
         goto out;
     }
     fa_exec x = cli_exec(o, b);
-    fa_status st = fa_check_kvcache(&d.p, &d.kv, &x);
+    /* (a device backend sees the device copies only: vf_run_kvcache makes them, and its call checks them) */
+    fa_status st = vf_backend_on_device(b) ? FA_OK : fa_check_kvcache(&d.p, &d.kv, &x);
     if (st != FA_OK) {
         code = cli_report_status(st, "fa_fwd_kvcache refuses the problem", fa_last_error());
         goto out;
@@ -216,13 +225,25 @@ int cli_check_decode(cli_options *o, fa_backend b) {
     }
 
     memset(d.o, 0xff, d.es * d.q_elems); /* NaN: an element left unwritten fails the comparison */
+    memset(d.lse, 0xff, sizeof(float) * o->batch * o->heads * o->seqlen_q);
+    vf_kvcache_bytes bytes;
+    memset(&bytes, 0, sizeof bytes);
+    bytes.q = bytes.o = d.es * d.q_elems, bytes.lse = sizeof(float) * o->batch * o->heads * o->seqlen_q;
+    bytes.k = bytes.v = d.es * d.new_elems, bytes.k_cache = bytes.v_cache = d.es * d.cache_elems;
+    if (d.rotary_dim > 0)
+        bytes.rotary = d.es * (size_t)((d.page ? d.max_pages * d.page : d.cap) + o->seqlen_q) * (d.rotary_dim / 2);
+    bytes.alibi = d.p.alibi_slopes ? sizeof(float) * (size_t)pr.slope_count : 0;
+    bytes.seqlens = bytes.leftpad = sizeof(int32_t) * o->batch;
+    if (d.page) bytes.block_table = sizeof(int32_t) * ((size_t)d.max_pages * o->batch + 3);
+    char why[256];
     double t0 = vf_seconds();
-    st = fa_fwd_kvcache(&d.p, &d.kv, &x);
+    st = vf_run_kvcache(&d.p, &d.kv, &x, &bytes, why, sizeof why);
     if (st != FA_OK) {
-        code = cli_report_status(st, "the backend failed", fa_last_error());
+        code = cli_report_status(st, "the backend failed", why[0] ? why : fa_last_error());
         goto out;
     }
-    printf("  fa_fwd_kvcache: %.3f ms\n", 1e3 * (vf_seconds() - t0));
+    printf("  fa_fwd_kvcache: %.3f ms%s\n", 1e3 * (vf_seconds() - t0),
+           vf_backend_on_device(b) ? " (with the copies to and from the device)" : "");
     for (int32_t bb = 0; bb < o->batch; bb++)
         for (int32_t i = 0; i < o->seqlen_q; i++)
             for (int32_t h = 0; h < o->heads; h++) {
@@ -278,5 +299,248 @@ out:
     decode_free(&d);
 out_lens:
     free(lens_q), free(lens_k);
+    return code;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * bench --decode
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* The arrays of a timed decode call, in the backend's memory space: every sequence holds seqlen_k - new tokens
+ * (the call attends seqlen_k keys); a paged cache maps sequence b's pages to b * max_pages + j. */
+typedef struct decode_bench {
+    int gpu;
+    size_t q_bytes, lse_bytes, new_bytes, cache_bytes, table_bytes, flush_bytes;
+    void *q, *o, *knew, *vnew, *kc, *vc, *copy_dst, *flush;
+    float *lse;
+    int32_t *seqlens, *table;
+} decode_bench;
+
+static void *bench_alloc(const decode_bench *d, size_t n) {
+    if (n == 0) n = 16;
+#ifdef FA_WITH_CUDA
+    if (d->gpu) {
+        void *p = NULL;
+        if (cudaMalloc(&p, n) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+        return p;
+    }
+#endif
+    return malloc(n);
+}
+
+static void bench_free(const decode_bench *d, void *p) {
+#ifdef FA_WITH_CUDA
+    if (d->gpu) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    free(p);
+}
+
+/* Copies n host bytes to dst in the backend's memory (0 on failure). */
+static int bench_upload(const decode_bench *d, void *dst, const void *src, size_t n) {
+#ifdef FA_WITH_CUDA
+    if (d->gpu) return cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice) == cudaSuccess;
+#endif
+    memcpy(dst, src, n);
+    return 1;
+}
+
+/* Median of n values (sorts them). */
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Milliseconds of one call of the decode step (copy = 0) or of the copy of the K cache (copy = 1): on a GPU
+ * CUDA events around it, after a write of twice the L2 size that evicts the cache; on the CPU the wall clock. */
+static fa_status bench_once(decode_bench *d, const fa_params *p, const fa_kvcache *kv, const fa_exec *x, int copy,
+                            double *ms) {
+#ifdef FA_WITH_CUDA
+    if (d->gpu) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        if (d->flush) cudaMemsetAsync(d->flush, 0, d->flush_bytes, (cudaStream_t)x->stream);
+        cudaEventRecord(e0, (cudaStream_t)x->stream);
+        fa_status st = FA_OK;
+        if (copy)
+            cudaMemcpyAsync(d->copy_dst, d->kc, d->cache_bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)x->stream);
+        else
+            st = fa_fwd_kvcache(p, kv, x);
+        cudaEventRecord(e1, (cudaStream_t)x->stream);
+        float f = 0.0f;
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&f, e0, e1) != cudaSuccess) {
+            cudaGetLastError();
+            if (st == FA_OK) st = FA_ERR_DEVICE;
+        }
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+        *ms = f;
+        return st;
+    }
+#endif
+    double t0 = vf_seconds();
+    fa_status st = FA_OK;
+    if (copy)
+        memcpy(d->copy_dst, d->kc, d->cache_bytes);
+    else
+        st = fa_fwd_kvcache(p, kv, x);
+    *ms = 1e3 * (vf_seconds() - t0);
+    return st;
+}
+
+int cli_bench_decode(cli_options *o) {
+    if (o->nbackends > 1) {
+        fprintf(stderr, "flashattn: bench --decode takes one backend\n");
+        return EXIT_USAGE;
+    }
+    if (o->sweep || o->plot || o->peers || o->csv || o->json || o->varlen || o->bwd || o->rotary_dim || o->leftpad) {
+        fprintf(stderr, "flashattn: bench --decode times one decode step: --sweep, --plot, --peers, --csv, --json, "
+                        "--varlen, --bwd, --rotary-dim and --leftpad do not apply\n");
+        return EXIT_USAGE;
+    }
+    const fa_backend b = o->nbackends ? o->backends[0] : cli_auto_backend();
+    decode_bench d;
+    memset(&d, 0, sizeof d);
+    d.gpu = vf_backend_on_device(b);
+#ifndef FA_WITH_CUDA
+    if (d.gpu) {
+        fprintf(stderr, "flashattn: bench --decode: the %s backend was not built into this library\n",
+                cli_backend_name(b));
+        return EXIT_UNSUPPORTED;
+    }
+#endif
+    if (d.gpu && fa_device_count() == 0) {
+        fprintf(stderr, "flashattn: bench --decode: no CUDA device is present\n");
+        return EXIT_UNSUPPORTED;
+    }
+    /* the 8 x 8k shape of GQA 32/8, d128 by default; --seqlen-k is the attended length of every sequence */
+    if (o->seqlen_k < 0) o->seqlen_k = d.gpu ? 8192 : 2048;
+    if (o->heads < 0 && o->heads_kv < 0) o->heads = 32, o->heads_kv = 8;
+    cli_set_defaults(o, d.gpu, d.gpu ? 8 : 2, 32, 1, 128, 0);
+    const int warmup = o->warmup >= 0 ? o->warmup : d.gpu ? 3 : 1;
+    const int repeats = o->repeats > 0 ? o->repeats : d.gpu ? 20 : 5;
+    const int32_t B = o->batch, hq = o->heads, hkv = o->heads_kv, hd = o->head_dim, sq = o->seqlen_q;
+    const int32_t n_new = o->seqlen_new, len = o->seqlen_k, page = o->page_size;
+    if (n_new > len) {
+        fprintf(stderr, "flashattn: bench --decode: --new (%d) exceeds --seqlen-k (%d)\n", n_new, len);
+        return EXIT_USAGE;
+    }
+    const size_t es = o->dtype == FA_F32 ? 4 : 2;
+    const int32_t max_pages = page ? (len + page - 1) / page : 0, rows = page ? page : len;
+    d.q_bytes = es * B * sq * hq * hd, d.lse_bytes = sizeof(float) * B * hq * sq,
+    d.new_bytes = es * B * n_new * hkv * hd;
+    d.cache_bytes = es * (size_t)(page ? B * max_pages : B) * rows * hkv * hd;
+    d.table_bytes = sizeof(int32_t) * (size_t)B * max_pages;
+    d.q = bench_alloc(&d, d.q_bytes), d.o = bench_alloc(&d, d.q_bytes), d.lse = bench_alloc(&d, d.lse_bytes);
+    d.knew = bench_alloc(&d, d.new_bytes), d.vnew = bench_alloc(&d, d.new_bytes);
+    d.kc = bench_alloc(&d, d.cache_bytes), d.vc = bench_alloc(&d, d.cache_bytes);
+    d.copy_dst = bench_alloc(&d, d.cache_bytes);
+    d.seqlens = bench_alloc(&d, sizeof(int32_t) * B), d.table = bench_alloc(&d, d.table_bytes);
+    int code = EXIT_OK;
+    int32_t *host_i = malloc(sizeof(int32_t) * ((size_t)B + (size_t)B * max_pages + 1));
+    uint16_t *host_v = malloc(d.q_bytes + d.new_bytes + 16);
+    if (!d.q || !d.o || !d.lse || !d.knew || !d.vnew || !d.kc || !d.vc || !d.copy_dst || !d.seqlens || !d.table ||
+        !host_i || !host_v) {
+        fprintf(stderr, "flashattn: bench --decode: out of %s memory\n", d.gpu ? "device" : "host");
+        code = EXIT_RUNTIME;
+        goto out;
+    }
+#ifdef FA_WITH_CUDA
+    if (d.gpu) {
+        int dev = 0, l2 = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+        d.flush_bytes = 2 * (size_t)l2;
+        if (d.flush_bytes && cudaMalloc(&d.flush, d.flush_bytes) != cudaSuccess) d.flush = NULL, cudaGetLastError();
+        /* 0x3c in every byte: a small finite value in f16 and bf16 */
+        cudaMemset(d.kc, 0x3c, d.cache_bytes), cudaMemset(d.vc, 0x3c, d.cache_bytes);
+    } else
+#endif
+    {
+        memset(d.kc, 0x3c, d.cache_bytes), memset(d.vc, 0x3c, d.cache_bytes);
+    }
+    {
+        vf_rng r;
+        vf_rng_seed(&r, o->seed);
+        const size_t nv = (d.q_bytes + d.new_bytes) / es;
+        for (size_t i = 0; i < nv; i++) fa_store(host_v, o->dtype, (int64_t)i, (float)vf_rng_normal(&r));
+        for (int32_t i = 0; i < B; i++) host_i[i] = len - n_new;
+        for (int64_t i = 0; i < (int64_t)B * max_pages; i++) host_i[B + i] = (int32_t)i;
+        if (!bench_upload(&d, d.q, host_v, d.q_bytes) ||
+            (d.new_bytes && (!bench_upload(&d, d.knew, (char *)host_v + d.q_bytes, d.new_bytes) ||
+                             !bench_upload(&d, d.vnew, (char *)host_v + d.q_bytes, d.new_bytes))) ||
+            !bench_upload(&d, d.seqlens, host_i, sizeof(int32_t) * B) ||
+            (d.table_bytes && !bench_upload(&d, d.table, host_i + B, d.table_bytes))) {
+            fprintf(stderr, "flashattn: bench --decode: copying the inputs failed\n");
+            code = EXIT_RUNTIME;
+            goto out;
+        }
+    }
+    fa_params p;
+    fa_params_init(&p, o->dtype, B, sq, n_new, hq, hkv, hd);
+    p.causal = o->causal > 0, p.window_left = o->window_left, p.window_right = o->window_right;
+    p.softcap = o->softcap, p.softmax_scale = o->scale;
+    p.q = fa_tensor_contiguous(d.q, sq, hq, hd), p.o = fa_tensor_contiguous(d.o, sq, hq, hd), p.lse = d.lse;
+    if (n_new) p.k = fa_tensor_contiguous(d.knew, n_new, hkv, hd), p.v = fa_tensor_contiguous(d.vnew, n_new, hkv, hd);
+    fa_kvcache kv;
+    fa_kvcache_init(&kv, page ? 0 : B, page ? 0 : len);
+    kv.k_cache = fa_tensor_contiguous(d.kc, rows, hkv, hd), kv.v_cache = fa_tensor_contiguous(d.vc, rows, hkv, hd);
+    kv.cache_seqlens = d.seqlens;
+    if (page) kv.block_table = d.table, kv.max_pages = max_pages, kv.num_pages = B * max_pages, kv.page_size = page;
+    fa_exec x = cli_exec(o, b);
+    fa_status st = fa_check_kvcache(&p, &kv, &x);
+    size_t ws_bytes = 0;
+    if (st == FA_OK) st = fa_workspace_size_kvcache(&p, &kv, &x, &ws_bytes);
+    void *ws = NULL;
+    if (st == FA_OK && ws_bytes && !(ws = bench_alloc(&d, ws_bytes))) st = FA_ERR_OUT_OF_MEMORY;
+    x.workspace = ws, x.workspace_bytes = ws ? ws_bytes : 0;
+    char desc[256], dev[300];
+    cli_describe(o, desc, sizeof desc);
+    cli_device_name(b, o, dev, sizeof dev);
+    printf("flashattn bench --decode: %s backend (%s)\n  problem: %s, every sequence attends %d cached keys, %d new "
+           "token(s), %s\n",
+           cli_backend_name(b), dev, desc, len, n_new, page ? "paged" : "contiguous cache");
+    if (page) printf("  page size %d\n", page);
+    double *t = malloc(sizeof(double) * (size_t)repeats * 2);
+    for (int i = 0; st == FA_OK && t && i < warmup + repeats; i++) {
+        double ms_call = 0.0, ms_copy = 0.0;
+        st = bench_once(&d, &p, &kv, &x, 0, &ms_call);
+        if (st == FA_OK) st = bench_once(&d, &p, &kv, &x, 1, &ms_copy);
+        if (i >= warmup) t[i - warmup] = ms_call, t[repeats + i - warmup] = ms_copy;
+    }
+    if (st != FA_OK || !t) {
+        code = cli_report_status(t ? st : FA_ERR_OUT_OF_MEMORY, "bench --decode", fa_last_error());
+    } else {
+        /* interleaved with the calls, the copy reads and writes the K cache's bytes */
+        const double ms = median(t, repeats), ms_copy = median(t + repeats, repeats);
+        const double kv_bytes = 2.0 * es * (double)B * len * hkv * hd;
+        const double bw = kv_bytes / ms / 1e9, copy_bw = 2.0 * d.cache_bytes / ms_copy / 1e9; /* TB/s */
+        const double unit = d.gpu ? 1.0 : 1e-3;
+        const char *un = d.gpu ? "TB/s" : "GB/s";
+        printf("  fa_fwd_kvcache: %.4f ms (median of %d), K+V read %.1f MB: %.3f %s\n", ms, repeats, kv_bytes / 1e6,
+               bw / unit, un);
+        printf("  copy of %.1f MB (read + write): %.4f ms, %.3f %s\n", d.cache_bytes / 1e6, ms_copy, copy_bw / unit,
+               un);
+        printf("bench --decode: %.3f %s = %.1f%% of the copy bandwidth (%.3f %s)\n", bw / unit, un,
+               100.0 * bw / copy_bw, copy_bw / unit, un);
+    }
+    free(t);
+    bench_free(&d, ws);
+out:
+    bench_free(&d, d.q), bench_free(&d, d.o), bench_free(&d, d.lse), bench_free(&d, d.knew), bench_free(&d, d.vnew);
+    bench_free(&d, d.kc), bench_free(&d, d.vc), bench_free(&d, d.copy_dst), bench_free(&d, d.seqlens);
+    bench_free(&d, d.table);
+#ifdef FA_WITH_CUDA
+    if (d.flush) cudaFree(d.flush);
+#endif
+    free(host_i), free(host_v);
     return code;
 }

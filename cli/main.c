@@ -74,6 +74,8 @@ static const char usage[] =
     "  --decode                check: decoding with a KV cache (fa_fwd_kvcache) instead; --seqlen-k is the cache's\n"
     "                          rows per sequence (default 1024), --seqlen-q the query rows (default 1), batch 4,\n"
     "                          8 heads / 2 kv heads; each sequence holds a random number of tokens\n"
+    "                          bench --decode: one decode step (8 x 8k, 32/8 heads, d128 unless given; every\n"
+    "                          sequence attends --seqlen-k keys) as K+V TB/s next to a copy timed in the same run\n"
     "  --new N                 check --decode: tokens appended to the cache before attending (default 1)\n"
     "  --page-size P           check --decode: a paged cache (shuffled pages); 0 = contiguous (the default)\n"
     "  --rotary-dim R          check --decode: rotary embedding of q and the new keys on R dims (interleaved)\n"
@@ -763,6 +765,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "info")) return cmd_info();
     if (!strcmp(argv[1], "run")) return cmd_run(&o);
     if (!strcmp(argv[1], "check")) return cmd_check(&o);
-    if (!strcmp(argv[1], "bench")) return cli_bench(&o);
+    if (!strcmp(argv[1], "bench")) return o.decode ? cli_bench_decode(&o) : cli_bench(&o);
     bad_usage("unknown command '%s'%s", argv[1], "");
 }

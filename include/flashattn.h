@@ -329,10 +329,15 @@ FA_API double fa_flops_fwd(const fa_params *p, const int32_t *host_cu_seqlens_q,
  * backends the attended rows of the batch, and batch * seqlen_q * heads_q / heads_kv, within int32. On any
  * error nothing is written, the cache included.
  *
- * Backends: CPU and reference. They read the int32 arrays (cache_seqlens, cache_batch_idx, cache_leftpad,
- * block_table) from host memory during validation. The CUDA and naive backends return FA_ERR_UNSUPPORTED
- * for now (no decode kernel yet); a device backend will take these arrays in device memory and trust them
- * (checking them would need a synchronising copy), so the caller must keep them within the bounds above.
+ * Backends: CPU and reference read the int32 arrays (cache_seqlens, cache_batch_idx, cache_leftpad,
+ * block_table) from host memory during validation. The CUDA backend (f16/bf16, its compiled head dims, 16-byte
+ * aligned tensors with strides in multiples of 8 elements) takes every array in device memory and trusts the
+ * int32 arrays without reading them (checking would need a synchronising copy): the caller must keep them
+ * within the bounds above; the host checks only what it can see (sizes, pointers, rotary_dim, num_splits).
+ * Its call has no host synchronisation and no host read of device data, and allocates only when
+ * exec.workspace is NULL, so it can be captured in a CUDA graph; the split count depends on the sizes and
+ * the cache's capacity alone, so a graph stays valid as cache_seqlens change. The naive backend returns
+ * FA_ERR_UNSUPPORTED.
  * ------------------------------------------------------------------------------------------------------- */
 
 typedef struct fa_kvcache {
@@ -366,7 +371,9 @@ typedef struct fa_kvcache {
     int32_t     rotary_dim;
     int32_t     rotary_interleaved; /* 1: pairs (2t, 2t + 1) (flash-attn's default); 0: halves (t, t + dim/2) */
 
-    /* Splits of the key range for a device kernel; 0 = its heuristic. A hint: the host backends ignore it. */
+    /* Splits of the key range for a device kernel; 0 = its heuristic (none when the batch and heads already
+     * fill the GPU). The CUDA backend takes an explicit count up to one split per 64 cache rows of the capacity
+     * and 128; the host backends ignore it. */
     int32_t num_splits;
 } fa_kvcache;
 

@@ -827,11 +827,14 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
                 return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s and %s overlap in memory (%s is an output)", sp[i].name,
                                sp[j].name, sp[i].output ? sp[i].name : sp[j].name);
 
+#ifdef FA_WITH_CUDA
+    /* the device backend trusts the int32 arrays: reading them here would need a synchronising copy */
+    if (x->backend == FA_BACKEND_CUDA) return fa_cuda_check_kvcache(r, kv, x);
+#endif
     if (!host_backend(x->backend))
         return fa_fail(FA_ERR_UNSUPPORTED,
-                       "the %s backend has no decode (KV cache) kernel yet: fa_fwd_kvcache runs on FA_BACKEND_CPU "
-                       "and FA_BACKEND_REFERENCE, with host memory",
-                       x->backend == FA_BACKEND_CUDA ? "cuda" : "naive");
+                       "the naive backend has no decode (KV cache) kernel: fa_fwd_kvcache runs on FA_BACKEND_CUDA, "
+                       "FA_BACKEND_CPU and FA_BACKEND_REFERENCE");
     return check_kvcache_arrays(r, kv);
 }
 
@@ -847,6 +850,9 @@ fa_status fa_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, co
     if (!bytes) return fa_fail(FA_ERR_INVALID_ARGUMENT, "bytes is NULL");
     fa_status st = prepare_kvcache(p, kv, exec, &r, &x);
     if (st != FA_OK) return st;
+#ifdef FA_WITH_CUDA
+    if (x.backend == FA_BACKEND_CUDA) return fa_cuda_workspace_size_kvcache(&r, kv, &x, bytes);
+#endif
     *bytes = x.backend == FA_BACKEND_CPU ? fa_cpu_kvcache_workspace_size(&r, kv, x.num_threads) : 0;
     return FA_OK;
 }
@@ -857,6 +863,9 @@ fa_status fa_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec
     fa_status st = prepare_kvcache(p, kv, exec, &r, &x);
     if (st != FA_OK) return st;
     if (x.backend == FA_BACKEND_REFERENCE) return fa_reference_fwd_kvcache(&r, kv);
+#ifdef FA_WITH_CUDA
+    if (x.backend == FA_BACKEND_CUDA) return fa_cuda_fwd_kvcache(&r, kv, &x);
+#endif
     if (x.workspace) {
         const size_t need = fa_cpu_kvcache_workspace_size(&r, kv, x.num_threads);
         if (x.workspace_bytes < need)

@@ -219,6 +219,12 @@ fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backw
 fa_status fa_cuda_fwd(const fa_params *p, const fa_exec *x);
 fa_status fa_cuda_bwd(const fa_params *p, const fa_exec *x);
 
+/* fa_fwd_kvcache on the CUDA backend (params validated and resolved by prepare_kvcache; the int32 arrays are
+ * device memory, not read on the host). */
+fa_status fa_cuda_check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x);
+fa_status fa_cuda_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x, size_t *bytes);
+fa_status fa_cuda_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x);
+
 fa_status fa_naive_check(const fa_params *p, const fa_exec *x, int backward);
 fa_status fa_naive_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes);
 fa_status fa_naive_fwd(const fa_params *p, const fa_exec *x);

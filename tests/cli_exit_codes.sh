@@ -47,6 +47,9 @@ expect 0 "check --decode on the reference, contiguous, halves rotary, f16" "chec
 expect 2 "check --decode refuses a rotary_dim that is not a multiple of 16" "rotary_dim \(8\).*--rotary-dim" -- \
     check $decode --rotary-dim 8
 expect 2 "check --decode refuses more new tokens than the cache holds" "capacity" -- check $decode --new 101
+expect 0 "bench --decode, paged, next to a copy timed in the same run" "bench --decode: .* of the copy bandwidth" -- \
+    bench $decode --page-size 16 --repeats 2 --warmup 0
+expect 2 "bench --decode takes one backend" "one backend" -- bench $decode --backend cpu,reference
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

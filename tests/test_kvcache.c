@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_kvcache.c - decoding with a KV cache (fa_fwd_kvcache) on the CPU and reference backends.
+ * test_kvcache.c - decoding with a KV cache (fa_fwd_kvcache) on the CPU, reference and CUDA backends.
  *
  * Each case fills a cache (contiguous, with or without cache_batch_idx, or paged through a shuffled block
  * table), new tokens, q and the per-sequence lengths, and runs the call on a copy of the cache per backend.
@@ -9,7 +9,8 @@
  * the test's own fp32 rotation, rounded to the dtype), and q rotated the same way. O and LSE of each backend
  * are compared with the fp64 reference of that problem under the tolerance rule of check/verify.c; the cache
  * after the call must hold the appended rows (V exactly, K within a rounding of the rotation) and be
- * unchanged everywhere else. Then the invalid arguments: each returns FA_ERR_INVALID_ARGUMENT naming its
+ * unchanged everywhere else. The 16-bit cases also run on the CUDA backend where a GPU is present (every array
+ * mirrored to the device). Then the invalid arguments: each returns FA_ERR_INVALID_ARGUMENT naming its
  * field and writes nothing, the cache included.
  */
 #include <math.h>
@@ -31,6 +32,7 @@ typedef struct kv_case {
     int causal, wl, wr;
     float softcap;
     int alibi, leftpad, batch_idx, no_seqlens;
+    int splits; /* kv.num_splits (the CUDA backend's split count; 0 = its heuristic) */
 } kv_case;
 
 /* Everything of one call: inputs, the pristine cache, the params. */
@@ -126,6 +128,7 @@ static void setup_make(kv_setup *s, const kv_case *c, uint64_t seed, const float
         if (c->no_seqlens) s->seqlens[b] = c->cap;
         s->leftpad[b] = c->leftpad ? (int32_t)vf_rng_range(&r, 0, s->seqlens[b]) : 0;
     }
+    s->kv.num_splits = c->splits;
     if (!c->no_seqlens) s->kv.cache_seqlens = s->seqlens;
     if (c->leftpad) s->kv.cache_leftpad = s->leftpad;
     if (c->batch_idx) {
@@ -207,6 +210,49 @@ static int check_cache(const kv_setup *s, const void *kc, const void *vc, char *
     return ok;
 }
 
+/* The byte sizes of the call's arrays (vf_run_kvcache mirrors them on a device backend). */
+static vf_kvcache_bytes setup_bytes(const kv_setup *s) {
+    const kv_case *c = &s->c;
+    const size_t B = (size_t)c->batch;
+    vf_kvcache_bytes n;
+    memset(&n, 0, sizeof n);
+    n.q = n.o = s->es * B * c->sq * c->hq * c->d;
+    n.lse = sizeof(float) * B * c->hq * c->sq;
+    n.k = n.v = s->es * B * c->n_new * c->hkv * c->d;
+    n.k_cache = n.v_cache = s->es * s->cache_elems;
+    n.rotary = c->rotary_dim ? s->es * (size_t)(c->cap + c->sq) * (c->rotary_dim / 2) : 0;
+    n.alibi = sizeof(float) * c->hq;
+    n.seqlens = n.leftpad = sizeof(int32_t) * B;
+    n.batch_idx = sizeof(int32_t) * s->cache_rows;
+    n.block_table = sizeof(int32_t) * (B * s->max_pages + 3);
+    return n;
+}
+
+/* The CUDA backend runs the 16-bit cases where a GPU is present. */
+static int cuda_runs(const kv_case *c) {
+#ifdef FA_WITH_CUDA
+    return c->dt != FA_F32 && fa_device_count() > 0;
+#else
+    (void)c;
+    return 0;
+#endif
+}
+
+/* Whether this build compiled the CUDA kernels for head dim d (fa_build_info's "hdims=32,64,..."): a build
+ * for a subset (make FA_HDIMS=...) reports the others unsupported. */
+static int cuda_hdim_built(int d) {
+    const char *list = strstr(fa_build_info(), "hdims=");
+    char want[16];
+    snprintf(want, sizeof want, "%d", d);
+    for (const char *at = list ? list + 6 : NULL; at && *at && *at != ' ';) {
+        const size_t n = strcspn(at, ", ");
+        if (n == strlen(want) && !strncmp(at, want, n)) return 1;
+        at += n;
+        if (*at == ',') at++;
+    }
+    return 0;
+}
+
 static void run_case(const kv_case *c, uint64_t seed) {
     char name[200];
     snprintf(name, sizeof name, "kvcache %s %s b=%d h=%d/%d d=%d sq=%d new=%d cap=%d page=%d rot=%d%s%s%s%s", c->tag,
@@ -216,6 +262,7 @@ static void run_case(const kv_case *c, uint64_t seed) {
              c->batch, c->hq, c->hkv, c->d, c->sq, c->n_new, c->cap, c->page, c->rotary_dim,
              c->rotary_dim ? (c->interleaved ? "i" : "h") : "", c->causal ? " causal" : "",
              c->leftpad ? " leftpad" : "", c->batch_idx ? " batch_idx" : "");
+    if (c->splits) snprintf(name + strlen(name), sizeof name - strlen(name), " splits=%d", c->splits);
     if (!th_selected(name)) return;
 
     /* the equivalent varlen problem, filled by the test */
@@ -286,22 +333,31 @@ static void run_case(const kv_case *c, uint64_t seed) {
                 }
         }
     }
-    const fa_backend backends[2] = { FA_BACKEND_CPU, FA_BACKEND_REFERENCE };
-    for (int bi = 0; bi < 2; bi++) {
+    const fa_backend backends[3] = { FA_BACKEND_CPU, FA_BACKEND_REFERENCE, FA_BACKEND_CUDA };
+    const int nb = cuda_runs(c) ? 3 : 2;
+    for (int bi = 0; bi < nb; bi++) {
         fa_exec x;
         memset(&x, 0, sizeof x);
         x.backend = backends[bi];
         x.num_threads = 2;
+        x.device = -1;
         memcpy(s.kc, s.k0, s.es * s.cache_elems);
         memcpy(s.vc, s.v0, s.es * s.cache_elems);
         memset(s.o, 0xff, s.es * c->batch * c->sq * c->hq * c->d); /* NaN: an unwritten element fails */
-        fa_status st = fa_fwd_kvcache(&s.p, &s.kv, &x);
-        const char *bn = bi ? "reference" : "cpu";
-        if (st != FA_OK) {
-            th_fail("%s %s: %s: %s", name, bn, fa_status_name(st), fa_last_error());
+        memset(s.lse, 0xff, sizeof(float) * c->batch * c->hq * c->sq);
+        char why[200] = "";
+        fa_status st;
+        const char *bn = bi == 0 ? "cpu" : bi == 1 ? "reference" : "cuda";
+        const vf_kvcache_bytes bytes = setup_bytes(&s);
+        st = vf_run_kvcache(&s.p, &s.kv, &x, &bytes, why, sizeof why);
+        if (st == FA_ERR_UNSUPPORTED && backends[bi] == FA_BACKEND_CUDA && !cuda_hdim_built(c->d)) {
+            th_unsupported("%s %s: %s", name, bn, fa_last_error());
             continue;
         }
-        char why[200] = "";
+        if (st != FA_OK) {
+            th_fail("%s %s: %s: %s %s", name, bn, fa_status_name(st), fa_last_error(), why);
+            continue;
+        }
         int cache_ok = c->n_new == 0
                            ? !memcmp(s.kc, s.k0, s.es * s.cache_elems) && !memcmp(s.vc, s.v0, s.es * s.cache_elems)
                            : check_cache(&s, s.kc, s.vc, why, sizeof why);
@@ -332,25 +388,66 @@ out:
 
 static void numeric_cases(void) {
     /* tag, dtype, batch, hq, hkv, d, sq, new, cap, page, rotary, interleaved, causal, wl, wr, softcap, alibi,
-     * leftpad, batch_idx, no_seqlens */
+     * leftpad, batch_idx, no_seqlens, splits */
     const kv_case cases[] = {
-        { "decode", FA_F32, 3, 4, 4, 64, 1, 0, 40, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0 },
-        { "decode-gqa", FA_F32, 4, 8, 2, 64, 1, 1, 70, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0 },
-        { "whole-cache", FA_F32, 2, 4, 2, 32, 1, 0, 33, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 1 },
-        { "batch-idx", FA_F32, 3, 4, 1, 64, 2, 3, 50, 0, 0, 1, 1, -1, -1, 0, 0, 0, 1, 0 },
-        { "leftpad", FA_F32, 4, 4, 2, 64, 3, 2, 60, 0, 0, 1, 1, -1, -1, 0, 0, 1, 0, 0 },
-        { "paged", FA_F32, 3, 4, 2, 64, 1, 1, 50, 1, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0 },
-        { "paged", FA_F32, 3, 4, 2, 64, 4, 5, 100, 16, 0, 1, 1, -1, -1, 0, 0, 1, 0, 0 },
-        { "paged", FA_BF16, 3, 8, 2, 128, 1, 1, 200, 64, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0 },
-        { "rotary", FA_F32, 3, 4, 2, 64, 1, 1, 40, 0, 32, 1, 0, -1, -1, 0, 0, 0, 0, 0 },
-        { "rotary", FA_F32, 3, 4, 2, 64, 4, 4, 40, 0, 64, 0, 1, -1, -1, 0, 0, 0, 0, 0 },
-        { "rotary-paged", FA_F16, 3, 4, 4, 64, 3, 3, 48, 16, 32, 0, 1, -1, -1, 0, 0, 1, 0, 0 },
-        { "rotary-paged", FA_BF16, 2, 6, 2, 128, 2, 2, 90, 16, 64, 1, 0, -1, -1, 0, 0, 0, 0, 0 },
-        { "causal-sq>new", FA_F32, 3, 4, 2, 64, 6, 2, 30, 0, 32, 1, 1, -1, -1, 0, 0, 0, 0, 0 },
-        { "window-softcap-alibi", FA_F32, 3, 4, 2, 64, 2, 2, 80, 16, 0, 1, 0, 10, 0, 5.0f, 1, 1, 0, 0 },
-        { "window-rotary", FA_F16, 2, 4, 2, 32, 3, 3, 40, 0, 16, 1, 0, 7, 2, 0, 0, 0, 1, 0 },
+        { "decode", FA_F32, 3, 4, 4, 64, 1, 0, 40, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "decode-gqa", FA_F32, 4, 8, 2, 64, 1, 1, 70, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "whole-cache", FA_F32, 2, 4, 2, 32, 1, 0, 33, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 1, 0 },
+        { "batch-idx", FA_F32, 3, 4, 1, 64, 2, 3, 50, 0, 0, 1, 1, -1, -1, 0, 0, 0, 1, 0, 0 },
+        { "leftpad", FA_F32, 4, 4, 2, 64, 3, 2, 60, 0, 0, 1, 1, -1, -1, 0, 0, 1, 0, 0, 0 },
+        { "paged", FA_F32, 3, 4, 2, 64, 1, 1, 50, 1, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "paged", FA_F32, 3, 4, 2, 64, 4, 5, 100, 16, 0, 1, 1, -1, -1, 0, 0, 1, 0, 0, 0 },
+        { "paged", FA_BF16, 3, 8, 2, 128, 1, 1, 200, 64, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "rotary", FA_F32, 3, 4, 2, 64, 1, 1, 40, 0, 32, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "rotary", FA_F32, 3, 4, 2, 64, 4, 4, 40, 0, 64, 0, 1, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "rotary-paged", FA_F16, 3, 4, 4, 64, 3, 3, 48, 16, 32, 0, 1, -1, -1, 0, 0, 1, 0, 0, 0 },
+        { "rotary-paged", FA_BF16, 2, 6, 2, 128, 2, 2, 90, 16, 64, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "causal-sq>new", FA_F32, 3, 4, 2, 64, 6, 2, 30, 0, 32, 1, 1, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "window-softcap-alibi", FA_F32, 3, 4, 2, 64, 2, 2, 80, 16, 0, 1, 0, 10, 0, 5.0f, 1, 1, 0, 0, 0 },
+        { "window-rotary", FA_F16, 2, 4, 2, 32, 3, 3, 40, 0, 16, 1, 0, 7, 2, 0, 0, 0, 1, 0, 0 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], th_opt.seed * 7919u + i);
+}
+
+/* The 16-bit cases the CUDA backend runs (where a GPU is present; the CPU and reference backends run them
+ * everywhere): GQA 4:1 and 8:1, MQA, contiguous and paged (page sizes 1, 16, 64), cache_batch_idx, leftpad,
+ * append with and without rotary (both forms), seqlen_q 1 and 4 (causal), windows, softcap, ALiBi, head dims
+ * 64, 128 and 256, explicit split counts 1 and 3 and the heuristic's (0); sequence 1 of every case starts
+ * empty (attending 0 keys without new tokens, 1 with one). */
+static void gpu_cases(void) {
+    /* tag, dtype, batch, hq, hkv, d, sq, new, cap, page, rotary, interleaved, causal, wl, wr, softcap, alibi,
+     * leftpad, batch_idx, no_seqlens, splits */
+    const kv_case cases[] = {
+        { "gpu-gqa", FA_BF16, 4, 32, 8, 128, 1, 0, 300, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "gpu-gqa", FA_BF16, 4, 32, 8, 128, 1, 0, 300, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 1 },
+        { "gpu-gqa", FA_BF16, 4, 32, 8, 128, 1, 0, 300, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 3 },
+        { "gpu-gqa8", FA_F16, 3, 16, 2, 128, 1, 1, 1000, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "gpu-paged1", FA_F16, 3, 8, 2, 64, 1, 1, 100, 1, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 3 },
+        { "gpu-paged16", FA_BF16, 3, 16, 2, 128, 4, 4, 260, 16, 0, 1, 1, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "gpu-paged64", FA_BF16, 3, 8, 2, 256, 1, 1, 300, 64, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 3 },
+        { "gpu-mqa-batch-idx", FA_F16, 3, 8, 1, 64, 1, 1, 90, 0, 0, 1, 0, -1, -1, 0, 0, 0, 1, 0, 0 },
+        { "gpu-leftpad", FA_BF16, 4, 8, 1, 128, 4, 2, 150, 0, 0, 1, 1, -1, -1, 0, 0, 1, 0, 0, 3 },
+        { "gpu-rotary", FA_BF16, 3, 32, 8, 128, 1, 1, 200, 16, 64, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "gpu-rotary", FA_F16, 3, 8, 2, 128, 4, 4, 120, 0, 128, 0, 1, -1, -1, 0, 0, 0, 0, 0, 3 },
+        { "gpu-rotary", FA_BF16, 2, 4, 2, 64, 1, 1, 70, 0, 32, 0, 0, -1, -1, 0, 0, 1, 1, 0, 1 },
+        { "gpu-window-softcap-alibi", FA_BF16, 3, 8, 2, 64, 2, 2, 160, 16, 0, 1, 0, 20, 0, 5.0f, 1, 1, 0, 0, 3 },
+        { "gpu-window", FA_F16, 2, 8, 4, 128, 3, 3, 200, 0, 16, 1, 0, 30, 2, 0, 0, 0, 0, 0, 0 },
+        { "gpu-mqa-rows", FA_BF16, 2, 32, 1, 64, 4, 1, 80, 0, 0, 1, 1, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "gpu-whole-cache", FA_F16, 2, 8, 2, 128, 1, 0, 70, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 1, 3 },
+        { "gpu-d256", FA_BF16, 2, 16, 2, 256, 1, 1, 130, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "gpu-long", FA_BF16, 2, 8, 2, 128, 1, 1, 5000, 64, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], th_opt.seed * 104729u + i);
+    /* The two-tile ring that d = 128 takes on the parts with 99 KB of shared memory per block, on this GPU
+     * (FLASHATTN_SMEM_LIMIT caps the limit the kernel selection assumes). */
+    if (!cuda_runs(&cases[0])) return;
+    const kv_case limited[] = {
+        { "gpu-99KB", FA_BF16, 4, 32, 8, 128, 1, 1, 300, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        { "gpu-99KB", FA_F16, 3, 16, 2, 128, 4, 4, 260, 16, 32, 1, 1, -1, -1, 0, 0, 1, 0, 0, 3 },
+    };
+    setenv("FLASHATTN_SMEM_LIMIT", "101376", 1);
+    for (size_t i = 0; i < sizeof limited / sizeof limited[0]; i++) run_case(&limited[i], th_opt.seed * 7u + i);
+    unsetenv("FLASHATTN_SMEM_LIMIT");
 }
 
 /* ---- invalid arguments: status, the field in the message, nothing written (o, lse, the cache) ---- */
@@ -475,9 +572,9 @@ static void m_max_pages(kv_setup *s, fa_params *p, fa_kvcache *kv, fa_exec *x) {
 
 static void invalid_cases(void) {
     /* tag, dtype, batch, hq, hkv, d, sq, new, cap, page, rotary, interleaved, causal, wl, wr, softcap, alibi,
-     * leftpad, batch_idx, no_seqlens */
-    const kv_case paged = { "p", FA_F32, 3, 4, 2, 32, 2, 2, 40, 16, 16, 1, 1, -1, -1, 0, 0, 0, 0, 0 };
-    const kv_case dense = { "d", FA_F32, 3, 4, 2, 32, 2, 2, 40, 0, 16, 1, 1, -1, -1, 0, 0, 0, 1, 0 };
+     * leftpad, batch_idx, no_seqlens, splits */
+    const kv_case paged = { "p", FA_F32, 3, 4, 2, 32, 2, 2, 40, 16, 16, 1, 1, -1, -1, 0, 0, 0, 0, 0, 0 };
+    const kv_case dense = { "d", FA_F32, 3, 4, 2, 32, 2, 2, 40, 0, 16, 1, 1, -1, -1, 0, 0, 0, 1, 0, 0 };
     const fa_status E = FA_ERR_INVALID_ARGUMENT;
     expect_kv_error("block_table >= num_pages", &paged, m_table_high, E, "block_table[1][0]");
     expect_kv_error("block_table negative", &paged, m_table_negative, E, "block_table[0][0]");
@@ -521,9 +618,13 @@ static void unattended_rows(const kv_case *c) {
         for (int64_t r = s.leftpad[b]; r < s.seqlens[b]; r++)
             for (int h = 0; h < c->hkv; h++) memset(attended + cache_index(&s, b, r, h), 1, (size_t)c->d);
     const size_t on = s.es * c->batch * c->sq * c->hq * c->d, ln = sizeof(float) * c->batch * c->hq * c->sq;
-    unsigned char *out[2][2];
-    int ok = 1;
-    for (int bi = 0; bi < 2; bi++)
+    const fa_backend backends[3] = { FA_BACKEND_CPU, FA_BACKEND_REFERENCE, FA_BACKEND_CUDA };
+    const int nb = cuda_runs(c) && cuda_hdim_built(c->d) ? 3 : 2;
+    const vf_kvcache_bytes bytes = setup_bytes(&s);
+    unsigned char *out[3][2];
+    int ok = 1, same = 1;
+    char why[200] = "";
+    for (int bi = 0; bi < nb; bi++) {
         for (int fill = 0; fill < 2; fill++) {
             for (size_t i = 0; i < s.cache_elems; i++) {
                 const float x = attended[i] ? fa_load(s.k0, c->dt, (int64_t)i) : fill ? NAN : 0.0f;
@@ -532,17 +633,20 @@ static void unattended_rows(const kv_case *c) {
             }
             fa_exec x;
             memset(&x, 0, sizeof x);
-            x.backend = bi ? FA_BACKEND_REFERENCE : FA_BACKEND_CPU;
-            ok &= fa_fwd_kvcache(&s.p, &s.kv, &x) == FA_OK;
+            x.backend = backends[bi];
+            x.device = -1;
+            ok &= vf_run_kvcache(&s.p, &s.kv, &x, &bytes, why, sizeof why) == FA_OK;
             out[bi][fill] = malloc(on + ln);
             memcpy(out[bi][fill], s.o, on), memcpy(out[bi][fill] + on, s.lse, ln);
         }
+        same &= !memcmp(out[bi][0], out[bi][1], on + ln);
+    }
     int finite = 1;
     for (size_t i = 0; i < s.p.batch * (size_t)c->sq * c->hq * c->d; i++)
         finite &= isfinite(fa_load(s.o, c->dt, (int64_t)i));
-    th_check(ok && finite && !memcmp(out[0][0], out[0][1], on + ln) && !memcmp(out[1][0], out[1][1], on + ln),
-             "%s: cpu and reference outputs bit-identical and finite", name);
-    for (int bi = 0; bi < 2; bi++) free(out[bi][0]), free(out[bi][1]);
+    th_check(ok && finite && same, "%s: %s outputs bit-identical and finite%s%s", name,
+             nb == 3 ? "cpu, reference and cuda" : "cpu and reference", why[0] ? ": " : "", why);
+    for (int bi = 0; bi < nb; bi++) free(out[bi][0]), free(out[bi][1]);
     free(attended);
     setup_free(&s);
 }
@@ -570,9 +674,9 @@ static void too_many_rows(void) {
              "kvcache invalid attended rows beyond int32: %s \"%s\"", fa_status_name(st), fa_last_error());
 }
 
-/* The device backends: no decode kernel yet (or not built / no device here). */
+/* The CUDA backend on an f32 call: unsupported by its decode kernels (or not built / no device here). */
 static void device_backends(void) {
-    const kv_case c = { "p", FA_F32, 2, 4, 2, 32, 1, 1, 40, 16, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0 };
+    const kv_case c = { "p", FA_F32, 2, 4, 2, 32, 1, 1, 40, 16, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 };
     kv_setup s;
     setup_make(&s, &c, 99, NULL);
     fa_exec x;
@@ -601,10 +705,11 @@ static void device_backends(void) {
 int main(int argc, char **argv) {
     th_init(argc, argv, NULL);
     numeric_cases();
+    gpu_cases();
     /* tag, dtype, batch, hq, hkv, d, sq, new, cap, page, rotary, interleaved, causal, wl, wr, softcap, alibi,
-     * leftpad, batch_idx, no_seqlens */
-    const kv_case paged = { "paged", FA_F32, 4, 4, 2, 32, 2, 2, 70, 16, 16, 1, 1, -1, -1, 0, 0, 1, 0, 0 };
-    const kv_case dense = { "contiguous", FA_BF16, 4, 4, 2, 32, 1, 1, 70, 0, 0, 1, 0, -1, -1, 0, 0, 1, 1, 0 };
+     * leftpad, batch_idx, no_seqlens, splits */
+    const kv_case paged = { "paged", FA_F32, 4, 4, 2, 32, 2, 2, 70, 16, 16, 1, 1, -1, -1, 0, 0, 1, 0, 0, 0 };
+    const kv_case dense = { "contiguous", FA_BF16, 4, 4, 2, 32, 1, 1, 70, 0, 0, 1, 0, -1, -1, 0, 0, 1, 1, 0, 0 };
     unattended_rows(&paged);
     unattended_rows(&dense);
     invalid_cases();

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Decoding with a KV cache: flashattn.attention_with_kvcache (numpy) and flashattn.flash_attn_with_kvcache
-(PyTorch, CPU) against a float64 computation written here: the test appends the new tokens to its own copy
+(PyTorch, CPU and, where a GPU is present, CUDA, also captured in a CUDA graph) against a float64 computation written here: the test appends the new tokens to its own copy
 of the cache (rotating the keys), walks the page table or cache_batch_idx itself, rotates q, and runs the
 attention of test_numpy.reference on the gathered rows. Outputs pass under the 2x-naive rule (the error of
 the same computation in the dtype, doubled, plus a floor); the cache after the call must hold the appended
@@ -275,15 +275,27 @@ def _torch_attention(qr, seqs, dtype, causal, scale):
     return torch.stack(outs).double(), torch.stack(lses)
 
 
+def _has_gpu():
+    return torch.cuda.is_available() and flashattn.backend_built("cuda") and flashattn.device_count() > 0
+
+
+needs_gpu = pytest.mark.skipif(not _has_gpu(), reason="needs a GPU and a library built with CUDA")
+
+
 @pytest.mark.parametrize("page", [0, 1, 16, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_torch_paged_rotary_gqa(dtype, page):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_torch_paged_rotary_gqa(device, dtype, page):
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("the CUDA decode kernels take f16 and bf16")
     a = _make(np.float32, batch=3, hq=8, hkv=2, sq=3, n_new=3, cap=70, page=page, rotary_dim=32,
               interleaved=page != 16)
     t = {k: (torch.from_numpy(v).to(dtype) if isinstance(v, np.ndarray) and v.dtype == np.float32 else
              torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in a.items()}
-    inputs = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+    inputs = {k: (v.clone().to(device) if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
     out, lse = flashattn.flash_attn_with_kvcache(causal=True, return_softmax_lse=True, **inputs)
+    inputs = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    out, lse = out.cpu(), lse.cpu()
     assert out.dtype == dtype and out.shape == t["q"].shape and lse.shape == (3, 8, 3)
     # the problem as the library sees it: the inputs' dtype values, in float64
     a64 = {k: (v.double().numpy() if isinstance(v, torch.Tensor) and v.is_floating_point() else
@@ -318,10 +330,60 @@ def test_torch_errors_and_scalar_seqlens():
     assert torch.equal(before, t["k_cache"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or flashattn.device_count() == 0, reason="needs a GPU")
-def test_torch_cuda_unsupported_for_now():
+@needs_gpu
+def test_torch_cuda_f32_unsupported():
     a = _make(np.float32, batch=2, hq=4, hkv=2, sq=1, n_new=1, cap=32)
     t = {k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v for k, v in a.items()}
+    before = t["k_cache"].clone()
     with pytest.raises(flashattn.FlashAttnError) as e:
         flashattn.flash_attn_with_kvcache(**t)
     assert e.value.status_name == "FA_ERR_UNSUPPORTED"
+    assert torch.equal(before, t["k_cache"])
+
+
+@needs_gpu
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+def test_torch_cuda_graph_replay_changing_seqlens(num_splits):
+    """One decode step (append with rotary, paged cache, GQA 4:1) captured in a CUDA graph and replayed with new
+    q, new tokens and new cache_seqlens each time: every replay equals an eager call on the same inputs and the
+    float64 computation of the test, so the captured launch reads the lengths from device memory and its split
+    count holds for every length."""
+    dtype = torch.bfloat16
+    a = _make(np.float32, batch=4, hq=16, hkv=4, d=128, sq=1, n_new=1, cap=700, page=16, rotary_dim=64)
+    t = {k: (torch.from_numpy(v).to(dtype) if v.dtype == np.float32 else torch.from_numpy(v)).cuda()
+         if isinstance(v, np.ndarray) else v for k, v in a.items()}
+    opts = dict(return_softmax_lse=True, num_splits=num_splits)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashattn.flash_attn_with_kvcache(**t, **opts)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = flashattn.flash_attn_with_kvcache(**t, **opts)
+    capacity = t["block_table"].shape[1] * t["k_cache"].shape[1]
+    for step in range(4):
+        with torch.no_grad():
+            for name in ("q", "k", "v"):
+                t[name].copy_(torch.randn_like(t[name]))
+            lens = RNG.integers(0, capacity, 4)
+            lens[step % 4] = capacity - 1 if step % 2 else 0
+            t["cache_seqlens"].copy_(torch.from_numpy(lens.astype(np.int32)))
+        before = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+        graph.replay()
+        torch.cuda.synchronize()
+        got_out, got_lse = out.clone(), lse.clone()
+        eager_out, eager_lse = flashattn.flash_attn_with_kvcache(**t, **opts)  # rewrites the same rows
+        assert torch.equal(got_out, eager_out) and torch.equal(got_lse, eager_lse)
+        a64 = {k: (v.double().numpy() if isinstance(v, torch.Tensor) and v.is_floating_point() else
+                   v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in before.items()}
+        qr, seqs, kc, vc = expected_problem(a64, False, (-1, -1), _torch_round(dtype))
+        ref = attention_of(qr, seqs, np.float64, False, 1.0 / np.sqrt(128), (-1, -1), 0.0, None)
+        naive, _ = _torch_attention(qr, seqs, dtype, False, 1.0 / np.sqrt(128))
+        err = float((got_out.cpu().double() - torch.from_numpy(ref[0])).abs().max())
+        base = float((naive - torch.from_numpy(ref[0])).abs().max())
+        assert err <= 2 * base + 1.6e-2 * max(1.0, float(np.abs(ref[0]).max())), (step, err, base)
+        finite = np.isfinite(ref[1])
+        assert np.array_equal(np.isfinite(got_lse.cpu().double().numpy()), finite)
+        assert float(np.abs(got_lse.cpu().double().numpy()[finite] - ref[1][finite]).max()) <= 1e-4
+        np.testing.assert_array_equal(t["v_cache"].cpu().double().numpy(), vc)

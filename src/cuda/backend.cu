@@ -514,6 +514,63 @@ extern "C" fa_status fa_cuda_bwd(const fa_params *p, const fa_exec *x) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
+ * CUDA backend: decoding with a KV cache (decode.cu)
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* Everything a decode call dereferences on the device: the forward's pointers, the cache, its int32 arrays and
+ * the rotary tables. */
+static fa_status check_kvcache_pointers(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
+    fa_status st = check_pointers(p, 0, dev);
+    if (st != FA_OK) return st;
+    struct {
+        const void *ptr;
+        const char *name;
+    } ptrs[] = {
+        {kv->k_cache.data, "k_cache.data"},
+        {kv->v_cache.data, "v_cache.data"},
+        {kv->block_table, "block_table"},
+        {kv->cache_seqlens, "cache_seqlens"},
+        {kv->cache_batch_idx, "cache_batch_idx"},
+        {kv->cache_leftpad, "cache_leftpad"},
+        {kv->rotary_cos, "rotary_cos"},
+        {kv->rotary_sin, "rotary_sin"},
+    };
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        if (ptrs[i].ptr && (st = check_device_ptr(ptrs[i].ptr, ptrs[i].name, dev)) != FA_OK) return st;
+    return FA_OK;
+}
+
+extern "C" fa_status fa_cuda_check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x) {
+    fa_cuda_device dev;
+    fa_status      st;
+    if ((st = device_get(x, &dev)) || (st = decode_supported(p, kv, &dev))) return st;
+    return check_kvcache_pointers(p, kv, &dev);
+}
+
+extern "C" fa_status fa_cuda_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x,
+                                                    size_t *bytes) {
+    fa_cuda_device dev;
+    fa_status      st = device_get(x, &dev);
+    if (st == FA_OK && (st = decode_supported(p, kv, &dev)) == FA_OK)
+        *bytes = scratch_size(decode_workspace_size(p, kv, &dev));
+    return st;
+}
+
+extern "C" fa_status fa_cuda_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x) {
+    fa_cuda_device dev;
+    fa_status      st;
+    int            prev;
+    if ((st = device_get(x, &dev)) || (st = decode_supported(p, kv, &dev)) || (st = device_enter(&dev, &prev)))
+        return st;
+    cudaStream_t stream = (cudaStream_t)x->stream;
+    scratch      ws;
+    st = scratch_get(x, decode_workspace_size(p, kv, &dev), stream, &ws);
+    if (st == FA_OK) st = scratch_put(&ws, stream, decode_run(p, kv, &dev, ws.ptr, stream));
+    device_leave(prev);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
  * Naive backend (naive.cu; left out by make FA_NAIVE=0)
  * ------------------------------------------------------------------------------------------------------- */
 

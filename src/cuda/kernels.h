@@ -74,6 +74,13 @@ size_t naive_workspace_size(const fa_params *p, const fa_cuda_device *dev, int b
 fa_status naive_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 fa_status naive_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
+/* Decoding with a KV cache (fa_fwd_kvcache; sm_80+): append, split-KV attention, combine. decode.cu and its
+ * instantiations. Not a fa_kernel_family: every entry point also takes the cache. */
+fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev);
+size_t decode_workspace_size(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev);
+fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev, void *workspace,
+                     cudaStream_t stream);
+
 /* Turns a CUDA error into FA_ERR_DEVICE / FA_ERR_OUT_OF_MEMORY with "what: cudaGetErrorString" detail. */
 fa_status fa_cuda_status(cudaError_t err, const char *what);
 

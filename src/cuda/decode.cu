@@ -1,0 +1,226 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * decode.cu - decoding with a KV cache on the CUDA backend, host side: which calls the kernels take, the
+ * split count, the workspace, and the launches (append, attention, combine) on the stream. The kernels are in
+ * decode.cuh; the attention kernel is instantiated once per head dim in decode_hdim*.cu.
+ *
+ * Split count (kv->num_splits = 0): the blocks of one split, batch x kv heads x blocks of 16 query rows, are
+ * compared with a wave (SMs x blocks per SM); when they fill less than 80% of one, the keys are split: the
+ * fewest splits whose grid fills its waves within 15% as well as the best count does (busy block slots over
+ * the slots of the waves it takes), at most one split per key tile of the largest possible cache length.
+ * It depends on host-known sizes only (the cache's capacity, never cache_seqlens), so a captured CUDA graph
+ * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
+ * and DECODE_MAX_SPLITS.
+ */
+#include <string.h>
+
+#include "decode.cuh"
+#include "kernels.h"
+#include "smem_limit.h"
+
+typedef cudaError_t (*decode_launcher)(const decode_args *a, fa_dtype dtype, int stages, cudaStream_t stream);
+
+static decode_launcher attn_launcher(int head_dim) {
+    switch (head_dim) {
+#define DECODE_CASE(D) \
+    case D: return decode_attn_hdim##D;
+        FA_HDIMS(DECODE_CASE)
+#undef DECODE_CASE
+    default: return NULL;
+    }
+}
+
+static int64_t kv_capacity(const fa_kvcache *kv) {
+    return kv->block_table ? (int64_t)kv->max_pages * kv->page_size : kv->seqlen_cache;
+}
+
+/* K/V tiles in the attention kernel's ring: the most its head dim takes that fit the device's shared memory
+ * per block (2 where none does: decode_supported refuses it). */
+static int stages_for(int head_dim, const fa_cuda_device *dev) {
+    const int most = decode_stages_max(head_dim);
+    return most > 2 && decode_smem_bytes(head_dim, most) > fa_cuda_smem_limit(dev) ? 2 : most;
+}
+
+/* The launch geometry of a call. */
+typedef struct decode_plan {
+    int64_t m_blocks;
+    int num_splits;
+    size_t workspace; /* bytes: partial O and LSE when split */
+} decode_plan;
+
+static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
+    decode_plan pl;
+    const int64_t rows = (int64_t)(p->heads_q / p->heads_kv) * p->seqlen_q;
+    pl.m_blocks = (rows + 15) / 16;
+    const int64_t blocks = (int64_t)p->batch * p->heads_kv * pl.m_blocks;
+    const int64_t tiles = (kv_capacity(kv) + decode_block_n() - 1) / decode_block_n();
+    const int64_t max_splits = tiles < DECODE_MAX_SPLITS ? (tiles > 0 ? tiles : 1) : DECODE_MAX_SPLITS;
+    int64_t splits = 1;
+    if (kv->num_splits > 0) {
+        splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
+    } else {
+        const size_t smem = decode_smem_bytes(p->head_dim, stages_for(p->head_dim, dev));
+        int per_sm = (int)(dev->smem_per_sm / (smem + dev->smem_reserved));
+        per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
+        const int64_t wave = (int64_t)dev->sm_count * per_sm;
+        if (blocks * 5 < wave * 4) { /* less than 80% of a wave */
+            /* the efficiency of s splits: busy block slots over the slots of the waves the grid takes; the
+             * smallest s within 15% of the best (fewer splits: less to combine) */
+            double eff[DECODE_MAX_SPLITS + 1], best = 0.0;
+            for (int64_t s = 1; s <= max_splits; s++) {
+                const int64_t n = blocks * s, waves = (n + wave - 1) / wave;
+                eff[s] = (double)n / (double)(waves * wave);
+                if (eff[s] > best) best = eff[s];
+            }
+            for (int64_t s = 1; s <= max_splits; s++)
+                if (eff[s] >= 0.85 * best) {
+                    splits = s;
+                    break;
+                }
+        }
+    }
+    pl.num_splits = (int)splits;
+    pl.workspace = 0;
+    if (splits > 1) {
+        const size_t out_rows = (size_t)p->batch * p->heads_q * p->seqlen_q;
+        pl.workspace = (size_t)splits * out_rows * ((size_t)p->head_dim + 1) * sizeof(float);
+    }
+    return pl;
+}
+
+/* A 16-bit tensor the kernels read or write with 16-byte vectors. */
+static fa_status check_vector_tensor(const fa_tensor *t, const char *name) {
+    if (!t->data) return FA_OK;
+    if ((uintptr_t)t->data % 16)
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "%s.data (%p) is not 16-byte aligned (the CUDA decode kernels load "
+                       "16-byte vectors)",
+                       name, t->data);
+    const int64_t strides[3] = { t->stride_batch, t->stride_seq, t->stride_head };
+    const char *names[3] = { "stride_batch", "stride_seq", "stride_head" };
+    for (int s = 0; s < 3; s++)
+        if (strides[s] % 8)
+            return fa_fail(FA_ERR_UNSUPPORTED,
+                           "%s.%s (%lld) is not a multiple of 8 elements (the CUDA decode kernels "
+                           "load 16-byte vectors)",
+                           name, names[s], (long long)strides[s]);
+    return FA_OK;
+}
+
+extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
+    if (p->dtype != FA_F16 && p->dtype != FA_BF16)
+        return fa_fail(FA_ERR_UNSUPPORTED, "the CUDA decode kernels take f16 or bf16 only (dtype %d)", (int)p->dtype);
+    const decode_launcher launch = attn_launcher(p->head_dim);
+    if (!launch)
+        return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) has no CUDA decode kernel (compiled:" FA_HDIMS_STR ")",
+                       p->head_dim);
+    if (dev->cc_major < 8)
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the CUDA decode kernels need compute capability 8.0 or newer (device %d "
+                       "is %d.%d)",
+                       dev->ordinal, dev->cc_major, dev->cc_minor);
+    const int stages = stages_for(p->head_dim, dev);
+    const size_t smem = decode_smem_bytes(p->head_dim, stages), limit = fa_cuda_smem_limit(dev);
+    if (smem > limit)
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the CUDA decode kernel for head_dim %d needs %zu bytes of shared memory "
+                       "per block; device %d allows %zu",
+                       p->head_dim, smem, dev->ordinal, limit);
+    fa_status st;
+    if ((st = check_vector_tensor(&p->q, "q")) || (st = check_vector_tensor(&p->o, "o")) ||
+        (st = check_vector_tensor(&p->k, "k")) || (st = check_vector_tensor(&p->v, "v")) ||
+        (st = check_vector_tensor(&kv->k_cache, "k_cache")) || (st = check_vector_tensor(&kv->v_cache, "v_cache")))
+        return st;
+    /* key indices are int32 in the kernels, with a tile of slack */
+    if (kv_capacity(kv) > INT32_MAX - 2 * decode_block_n())
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "the cache's capacity (%lld rows) exceeds the CUDA decode kernels' int32 "
+                       "key range",
+                       (long long)kv_capacity(kv));
+    const decode_plan pl = plan_get(p, kv, dev);
+    if (p->batch > 65535 || p->heads_kv * pl.m_blocks > 65535)
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "batch (%d) and heads_kv x ceil(heads_q / heads_kv x seqlen_q / 16) (%lld) "
+                       "must be <= 65535 for the CUDA decode grids",
+                       p->batch, (long long)(p->heads_kv * pl.m_blocks));
+    cudaError_t err = launch(NULL, p->dtype, stages, 0);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction)
+            return fa_fail(FA_ERR_UNSUPPORTED,
+                           "this build has no CUDA decode kernel for compute capability %d.%d "
+                           "(device %d)",
+                           dev->cc_major, dev->cc_minor, dev->ordinal);
+        return fa_cuda_status(err, "CUDA decode kernel lookup");
+    }
+    return FA_OK;
+}
+
+extern "C" size_t decode_workspace_size(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
+    return plan_get(p, kv, dev).workspace;
+}
+
+template <typename T>
+static cudaError_t launch_append(const decode_args *a, cudaStream_t stream) {
+    dim3 grid((unsigned)a->seqlen_new, (unsigned)a->heads_kv, (unsigned)a->batch);
+    const unsigned threads = (unsigned)min(a->head_dim, 128);
+    decode_append_kernel<T><<<grid, threads, 0, stream>>>(*a);
+    return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t launch_combine(const decode_args *a, cudaStream_t stream) {
+    const int64_t rows = (int64_t)a->batch * a->heads_q * a->seqlen_q;
+    decode_combine_kernel<T><<<(unsigned)((rows + DECODE_COMBINE_WARPS - 1) / DECODE_COMBINE_WARPS),
+                               DECODE_COMBINE_WARPS * 32, 0, stream>>>(*a);
+    return cudaGetLastError();
+}
+
+extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev, void *workspace,
+                                cudaStream_t stream) {
+    const decode_launcher launch = attn_launcher(p->head_dim);
+    if (!launch) return fa_fail(FA_ERR_INTERNAL, "CUDA decode run for head_dim %d without a kernel", p->head_dim);
+    const decode_plan pl = plan_get(p, kv, dev);
+
+    decode_args a;
+    memset(&a, 0, sizeof a);
+    a.q = p->q.data, a.o = p->o.data, a.lse = p->lse;
+    a.q_batch = p->q.stride_batch, a.q_row = p->q.stride_seq, a.q_head = p->q.stride_head;
+    a.o_batch = p->o.stride_batch, a.o_row = p->o.stride_seq, a.o_head = p->o.stride_head;
+    a.k_cache = kv->k_cache.data, a.v_cache = kv->v_cache.data;
+    a.kc_batch = kv->k_cache.stride_batch, a.kc_row = kv->k_cache.stride_seq, a.kc_head = kv->k_cache.stride_head;
+    a.vc_batch = kv->v_cache.stride_batch, a.vc_row = kv->v_cache.stride_seq, a.vc_head = kv->v_cache.stride_head;
+    a.k_new = p->k.data, a.v_new = p->v.data;
+    a.kn_batch = p->k.stride_batch, a.kn_row = p->k.stride_seq, a.kn_head = p->k.stride_head;
+    a.vn_batch = p->v.stride_batch, a.vn_row = p->v.stride_seq, a.vn_head = p->v.stride_head;
+    a.block_table = kv->block_table;
+    a.block_table_stride = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
+    a.page_size = kv->page_size;
+    a.cache_seqlens = kv->cache_seqlens, a.cache_batch_idx = kv->cache_batch_idx, a.cache_leftpad = kv->cache_leftpad;
+    a.capacity = (int32_t)kv_capacity(kv);
+    a.rotary_cos = kv->rotary_cos, a.rotary_sin = kv->rotary_sin;
+    a.rotary_dim = kv->rotary_dim, a.rotary_interleaved = kv->rotary_interleaved;
+    a.q_positions_local = p->window_left >= 0 || p->window_right >= 0; /* (resolved: causal is window_right = 0) */
+    a.batch = p->batch, a.seqlen_q = p->seqlen_q, a.seqlen_new = p->seqlen_k;
+    a.heads_q = p->heads_q, a.heads_kv = p->heads_kv, a.group = p->heads_q / p->heads_kv;
+    a.rows = a.group * p->seqlen_q, a.m_blocks = (int32_t)pl.m_blocks;
+    a.head_dim = p->head_dim;
+    a.scale = p->softmax_scale, a.softcap = p->softcap;
+    a.window_left = p->window_left, a.window_right = p->window_right;
+    a.alibi = p->alibi_slopes, a.alibi_batch_stride = p->alibi_batch_stride;
+    a.num_splits = pl.num_splits;
+    if (pl.num_splits > 1) {
+        const size_t out_rows = (size_t)p->batch * p->heads_q * p->seqlen_q;
+        a.part_o = (float *)workspace;
+        a.part_lse = a.part_o + (size_t)pl.num_splits * out_rows * p->head_dim;
+    }
+
+    const int bf16 = p->dtype == FA_BF16;
+    cudaError_t err = cudaSuccess;
+    if (a.k_new && a.seqlen_new > 0)
+        err = bf16 ? launch_append<__nv_bfloat16>(&a, stream) : launch_append<__half>(&a, stream);
+    if (err == cudaSuccess) err = launch(&a, p->dtype, stages_for(p->head_dim, dev), stream);
+    if (err == cudaSuccess && pl.num_splits > 1)
+        err = bf16 ? launch_combine<__nv_bfloat16>(&a, stream) : launch_combine<__half>(&a, stream);
+    return fa_cuda_status(err, "CUDA decode launch");
+}

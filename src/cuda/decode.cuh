@@ -1,0 +1,528 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * decode.cuh - decoding with a KV cache (fa_fwd_kvcache) on sm_80+: the append kernel, the split-KV attention
+ * kernel and the kernel that combines the splits. The attention kernel is instantiated once per head dim in
+ * decode_hdim*.cu; decode.cu picks the split count and launches.
+ *
+ * Append (when new tokens are given): one block per (new token, kv head, sequence) writes the token's key
+ * (rotated in fp32 when rotary tables are given, rounded to the dtype) and value into the cache at row
+ * cache_seqlens[b] + j, through the page table when paged.
+ *
+ * Attention: one block per (split of the keys, kv head x block of 16 query rows, sequence). The query heads
+ * that share a kv head and the query tokens are the rows of one m16 tile (row r is token r / group of query
+ * head kv_head * group + r % group), so each K/V byte is read once per kv head, not once per query head. The
+ * block's keys come in tiles of 16 x warps rows by cp.async through a multi-stage ring (16-byte copies, the
+ * page table read per row, rows past the sequence zero-filled and never read); each warp takes 16 keys of a
+ * tile: S = Q K^T and O += P V with mma.sync m16n8k16, the scores made general (scale, softcap, ALiBi, the
+ * bottom-right mask) element by element: the kernel waits on memory, not on arithmetic. Each warp keeps its
+ * own running max, sum and O; at the end the warps merge through shared memory. With one split the block
+ * writes O and LSE; with several it writes its normalised O and its LSE in fp32 to the workspace, and the
+ * combine kernel (one warp per query row) weighs the splits by exp(lse_split - lse) into O and LSE.
+ *
+ * Query rotary (when rotary tables are given) is applied as the Q tile is loaded: rotated in fp32, rounded to
+ * the dtype, at cache_seqlens[b] + i under a mask (causal or a window), cache_seqlens[b] otherwise.
+ */
+#ifndef FLASHATTN_CUDA_DECODE_CUH
+#define FLASHATTN_CUDA_DECODE_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/hdims.h"
+#include "flashattn.h"
+
+/* Everything the kernels read, resolved on the host by decode.cu. Strides are in elements. */
+typedef struct decode_args {
+    const void *q;
+    void *o;
+    float *lse; /* may be NULL */
+    int64_t q_batch, q_row, q_head;
+    int64_t o_batch, o_row, o_head;
+    void *k_cache, *v_cache;
+    int64_t kc_batch, kc_row, kc_head; /* batch: one cache sequence, or one page when paged */
+    int64_t vc_batch, vc_row, vc_head;
+    const void *k_new, *v_new; /* NULL when nothing is appended */
+    int64_t kn_batch, kn_row, kn_head;
+    int64_t vn_batch, vn_row, vn_head;
+    const int32_t *block_table; /* NULL: contiguous */
+    int64_t block_table_stride;
+    int32_t page_size;
+    const int32_t *cache_seqlens, *cache_batch_idx, *cache_leftpad; /* each may be NULL */
+    int32_t capacity;                                               /* rows of a sequence's cache */
+    const void *rotary_cos, *rotary_sin;                            /* NULL: no rotary */
+    int32_t rotary_dim, rotary_interleaved;
+    int32_t q_positions_local; /* query i sits at cache_seqlens + i (a mask is set), else at cache_seqlens */
+    int32_t batch, seqlen_q, seqlen_new, heads_q, heads_kv, group;
+    int32_t rows, m_blocks; /* rows = group * seqlen_q; m_blocks = ceil(rows / 16) */
+    int32_t head_dim;
+    float scale, softcap;
+    int32_t window_left, window_right; /* causal is window_right = 0 */
+    const float *alibi;
+    int64_t alibi_batch_stride;
+    int32_t num_splits;
+    float *part_o, *part_lse; /* workspace (num_splits > 1): (splits, batch, heads_q, seqlen_q[, head_dim]) */
+} decode_args;
+
+/* Warps per attention block (each takes 16 keys of a tile) and K/V tiles in the ring. Head dims up to 128 keep
+ * three tiles where they fit (two in flight while one is computed; two blocks per SM on A100/H100), else two:
+ * the 99 KB parts (sm_86, sm_89, sm_120) at d = 128, and every part above d = 128. */
+#define DECODE_WARPS 4
+static constexpr __host__ __device__ int decode_stages_max(int d) {
+    return d <= 128 ? 3 : 2;
+}
+static constexpr __host__ __device__ int decode_block_n(void) {
+    return DECODE_WARPS * 16;
+}
+/* Shared memory of the attention kernel: the Q tile (16 rows) and the K/V ring, rows padded by 16 bytes. */
+static constexpr __host__ __device__ size_t decode_smem_bytes(int d, int stages) {
+    return (size_t)(2 * d + 16) * (16 + 2 * stages * decode_block_n());
+}
+
+/* One launcher per head dim (decode_hdim*.cu) for the attention kernel with `stages` K/V tiles (2, or 3 where
+ * decode_stages_max allows): grid (num_splits, heads_kv x m_blocks, batch). With a == NULL it only checks that
+ * this build holds the kernel for the current device. */
+#define DECODE_DECLARE_HDIM(D) \
+    cudaError_t decode_attn_hdim##D(const decode_args *a, fa_dtype dtype, int stages, cudaStream_t stream)
+#define DECODE_DECLARE_ONE(D) DECODE_DECLARE_HDIM(D);
+FA_HDIMS(DECODE_DECLARE_ONE)
+#undef DECODE_DECLARE_ONE
+
+#ifdef __CUDACC__
+
+#include "common.cuh"
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Device code shared by the kernels
+ * ------------------------------------------------------------------------------------------------------- */
+
+static __device__ __forceinline__ int decode_seqlen(const decode_args &a, int b) {
+    return a.cache_seqlens ? a.cache_seqlens[b] : a.capacity;
+}
+static __device__ __forceinline__ int decode_leftpad(const decode_args &a, int b) {
+    return a.cache_leftpad ? a.cache_leftpad[b] : 0;
+}
+
+/* Where cache row `row` (absolute) of sequence b lives: its page and the row within it when paged, else its
+ * cache sequence and the row. Element offset: unit * stride_batch + row * stride_seq (+ head). */
+struct decode_slot {
+    int64_t unit;
+    int row;
+};
+static __device__ __forceinline__ decode_slot decode_cache_slot(const decode_args &a, int b, int row) {
+    decode_slot s;
+    if (a.block_table) {
+        s.unit = a.block_table[b * a.block_table_stride + row / a.page_size];
+        s.row = row % a.page_size;
+    } else {
+        s.unit = a.cache_batch_idx ? a.cache_batch_idx[b] : b;
+        s.row = row;
+    }
+    return s;
+}
+
+/* Element c of a row x rotated to position pos: x0 c - x1 s for the first of a pair, x0 s + x1 c for the
+ * second, in fp32 without fused multiply-adds (the host backends' arithmetic). x(i) reads element i as fp32. */
+template <typename T, typename Read>
+static __device__ __forceinline__ float decode_rotate(const decode_args &a, int64_t pos, int c, Read x) {
+    typedef fa_elem<T> E;
+    const int half = a.rotary_dim / 2;
+    int t, i0, i1;
+    bool first;
+    if (a.rotary_interleaved) {
+        t = c / 2, i0 = c & ~1, i1 = c | 1, first = (c & 1) == 0;
+    } else {
+        first = c < half;
+        t = first ? c : c - half, i0 = t, i1 = t + half;
+    }
+    const float cs = E::to_float(((const T *)a.rotary_cos)[pos * half + t]);
+    const float sn = E::to_float(((const T *)a.rotary_sin)[pos * half + t]);
+    const float x0 = x(i0), x1 = x(i1);
+    return first ? __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn)) : __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Append: grid (seqlen_new, heads_kv, batch), one thread per element of the row
+ * ------------------------------------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void decode_append_kernel(const __grid_constant__ decode_args a) {
+    typedef fa_elem<T> E;
+    const int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int row = decode_seqlen(a, b) + j;
+    const T *kn = (const T *)a.k_new + b * a.kn_batch + j * a.kn_row + h * a.kn_head;
+    const T *vn = (const T *)a.v_new + b * a.vn_batch + j * a.vn_row + h * a.vn_head;
+    const decode_slot at = decode_cache_slot(a, b, row);
+    T *kc = (T *)a.k_cache + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + h * a.kc_head;
+    T *vc = (T *)a.v_cache + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + h * a.vc_head;
+    for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) {
+        T k = kn[c];
+        if (a.rotary_cos && c < a.rotary_dim)
+            k = E::from_float(decode_rotate<T>(a, row, c, [&](int i) { return E::to_float(kn[i]); }));
+        kc[c] = k;
+        vc[c] = vn[c];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Combine: one warp per query row (b, h, i) merges the splits' partial O and LSE
+ * ------------------------------------------------------------------------------------------------------- */
+
+#define DECODE_COMBINE_WARPS 4
+#define DECODE_MAX_SPLITS    128
+
+template <typename T>
+__global__ void __launch_bounds__(DECODE_COMBINE_WARPS * 32)
+    decode_combine_kernel(const __grid_constant__ decode_args a) {
+    typedef fa_elem<T> E;
+    __shared__ float weight[DECODE_COMBINE_WARPS][DECODE_MAX_SPLITS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q;
+    const int64_t row = (int64_t)blockIdx.x * DECODE_COMBINE_WARPS + warp; /* (b * heads_q + h) * seqlen_q + i */
+    if (row >= rows) return;
+    const int S = a.num_splits, D = a.head_dim;
+    float mx = -INFINITY;
+    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, a.part_lse[s * rows + row]);
+    mx = fa_warp_max(mx);
+    float sum = 0.0f;
+    for (int s = lane; s < S; s += 32) {
+        const float l = a.part_lse[s * rows + row];
+        const float w = mx == -INFINITY || l == -INFINITY ? 0.0f : expf(l - mx);
+        weight[warp][s] = w;
+        sum += w;
+    }
+    sum = fa_warp_sum(sum);
+    __syncwarp();
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int i = (int)(row % a.seqlen_q), h = (int)(row / a.seqlen_q % a.heads_q),
+              b = (int)(row / a.seqlen_q / a.heads_q);
+    T *o = (T *)a.o + b * a.o_batch + i * a.o_row + h * a.o_head;
+    for (int c = lane * 4; c < D; c += 128) {
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s = 0; s < S; s++) {
+            const float w = weight[warp][s];
+            if (w == 0.0f) continue; /* an empty split's partial O is never written */
+            const float4 x = *(const float4 *)(a.part_o + (s * rows + row) * D + c);
+            acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+        }
+        uint2 packed;
+        packed.x = E::pack(acc.x * inv, acc.y * inv);
+        packed.y = E::pack(acc.z * inv, acc.w * inv);
+        *(uint2 *)(o + c) = packed;
+    }
+    if (a.lse && lane == 0) a.lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Attention: grid (num_splits, heads_kv x m_blocks, batch)
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* Copies key tile n (keys n * BN ..) of sequence b, kv head hk, into sK and sV by cp.async: attended key j is
+ * cache row leftpad + j; keys at or past len_k are zero-filled and not read (their pages may not exist). */
+template <typename T, typename KVTile, int kThreads>
+static __device__ __forceinline__ void decode_load_tile(const decode_args &a, int b, int hk, int pad, int len_k, int n,
+                                                        uint32_t sK, uint32_t sV, int tid) {
+    constexpr int kChunks = KVTile::kChunks, kTotal = KVTile::kRows * kChunks;
+    const T *k0 = (const T *)a.k_cache, *v0 = (const T *)a.v_cache;
+#pragma unroll
+    for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; i++) {
+        const int idx = tid + i * kThreads;
+        if (kTotal % kThreads && idx >= kTotal) break;
+        const int r = idx / kChunks, c = idx % kChunks, j = n * KVTile::kRows + r;
+        const bool valid = j < len_k;
+        const T *ks = k0, *vs = v0;
+        if (valid) {
+            const decode_slot at = decode_cache_slot(a, b, pad + j);
+            ks = k0 + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + hk * a.kc_head + c * 8;
+            vs = v0 + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + hk * a.vc_head + c * 8;
+        }
+        fa_cp_async_16(sK + KVTile::offset(r, c), ks, valid);
+        fa_cp_async_16(sV + KVTile::offset(r, c), vs, valid);
+    }
+}
+
+template <typename T, int D, int STAGES>
+__global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __grid_constant__ decode_args a) {
+    typedef fa_elem<T> E;
+    constexpr int NW = DECODE_WARPS, kThreads = NW * 32, BN = decode_block_n();
+    constexpr int DT = D / 8; /* n8 tiles of O */
+    typedef fa_smem_tile<16, D> QTile;
+    typedef fa_smem_tile<BN, D> KVTile;
+    constexpr uint32_t kStageBytes = 2 * KVTile::kBytes;
+    static_assert(D % 16 == 0 && STAGES >= 2, "decode tile shape");
+    /* the warps' merge reuses the K/V ring: (max, sum) and O of every warp's 16 rows, fp32 */
+    static_assert(NW * 16 * (2 + D) * 4 <= STAGES * kStageBytes, "decode: the merge buffer exceeds the ring");
+
+    extern __shared__ __align__(128) unsigned char decode_smem[];
+    const uint32_t sQ = fa_smem_addr(decode_smem);
+    const uint32_t sKV = sQ + QTile::kBytes;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+
+    const int split = blockIdx.x, mb = blockIdx.y % a.m_blocks, hk = blockIdx.y / a.m_blocks, b = blockIdx.z;
+    const int len_c = decode_seqlen(a, b), pad = decode_leftpad(a, b);
+    const int len_k = len_c + a.seqlen_new - pad; /* attended keys */
+    const int r0 = mb * 16, nrows = min(16, a.rows - r0);
+    const int64_t shift = (int64_t)len_k - a.seqlen_q; /* query i sits at key i + shift */
+
+    /* Keys that some row of the block sees: [key_lo, key_hi); its tiles are shared out among the splits. */
+    int64_t key_lo = 0, key_hi = len_k;
+    if (a.window_left >= 0) key_lo = max((int64_t)0, r0 / a.group + shift - a.window_left);
+    if (a.window_right >= 0) key_hi = min((int64_t)len_k, (r0 + nrows - 1) / a.group + shift + a.window_right + 1);
+    int n_begin = 0, n_end = 0;
+    if (key_hi > key_lo) {
+        const int t_lo = (int)(key_lo / BN), t_hi = (int)((key_hi + BN - 1) / BN);
+        const int per = (t_hi - t_lo + a.num_splits - 1) / a.num_splits;
+        n_begin = min(t_hi, t_lo + split * per);
+        n_end = min(t_hi, n_begin + per);
+    }
+
+    /* This thread's two rows (g, g + 8 of the tile): visible keys [lo, hi), ALiBi slope and diagonal. */
+    int row_lo[2], row_hi[2], row_diag[2];
+    float row_slope[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int r = g + 8 * hf, pr = r0 + r, i = pr / a.group, h = hk * a.group + pr % a.group;
+        const int64_t diag = i + shift;
+        row_diag[hf] = (int)diag;
+        row_slope[hf] = a.alibi && r < nrows ? a.alibi[b * a.alibi_batch_stride + h] : 0.0f;
+        if (r >= nrows) {
+            row_lo[hf] = row_hi[hf] = 0;
+        } else {
+            row_lo[hf] = a.window_left >= 0 ? (int)max((int64_t)0, diag - a.window_left) : 0;
+            row_hi[hf] =
+                a.window_right >= 0 ? (int)max((int64_t)0, min((int64_t)len_k, diag + a.window_right + 1)) : len_k;
+        }
+    }
+
+    /* K/V ring prologue, then Q (rotated if asked) while the first tiles are in flight */
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (n_begin + s < n_end)
+            decode_load_tile<T, KVTile, kThreads>(a, b, hk, pad, len_k, n_begin + s, sKV + s * kStageBytes,
+                                                  sKV + s * kStageBytes + KVTile::kBytes, tid);
+        fa_cp_async_commit();
+    }
+    for (int idx = tid; idx < 16 * (D / 8); idx += kThreads) {
+        const int r = idx / (D / 8), c = idx % (D / 8), pr = r0 + r;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (r < nrows) {
+            const int i = pr / a.group, h = hk * a.group + pr % a.group;
+            x = *(const uint4 *)((const T *)a.q + b * a.q_batch + i * a.q_row + h * a.q_head + c * 8);
+        }
+        *(uint4 *)(decode_smem + QTile::offset(r, c)) = x;
+    }
+    if (a.rotary_cos) {
+        __syncthreads();
+        /* each thread rotates whole pairs of a row: reads both, writes both */
+        const int half = a.rotary_dim / 2;
+        for (int idx = tid; idx < nrows * half; idx += kThreads) {
+            const int r = idx / half, tt = idx % half, pr = r0 + r;
+            const int64_t pos = len_c + (a.q_positions_local ? pr / a.group : 0);
+            T *row = (T *)(decode_smem + QTile::offset(r, 0)); /* padded rows: contiguous within a row */
+            const int c0 = a.rotary_interleaved ? 2 * tt : tt, c1 = a.rotary_interleaved ? 2 * tt + 1 : tt + half;
+            auto x = [&](int e) { return E::to_float(row[e]); };
+            const float y0 = decode_rotate<T>(a, pos, c0, x), y1 = decode_rotate<T>(a, pos, c1, x);
+            row[c0] = E::from_float(y0);
+            row[c1] = E::from_float(y1);
+        }
+    }
+    __syncthreads();
+
+    /* Q's A fragments: in registers up to d = 128, else read from the tile at each step. */
+    constexpr bool kQInRegs = D <= 128;
+    const uint32_t q_addr = sQ + QTile::offset(lane % 16, lane / 16);
+    uint32_t qreg[kQInRegs ? D / 16 : 1][4];
+    if constexpr (kQInRegs) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) fa_ldmatrix_x4(qreg[ks], QTile::frag(q_addr, 0, ks * 2));
+    }
+
+    float acc[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
+    float row_max[2] = { -INFINITY, -INFINITY }, row_sum[2] = { 0.0f, 0.0f };
+    const float scale_log2 = a.scale * FA_LOG2E;
+
+    int stage = 0; /* ring slot of tile n */
+    for (int n = n_begin; n < n_end; n++) {
+        fa_cp_async_wait<STAGES - 2>();
+        __syncthreads(); /* tile n landed; every warp is done with the slot refilled next (tile n - 1's) */
+        {
+            const int nn = n + STAGES - 1, slot = stage == 0 ? STAGES - 1 : stage - 1;
+            if (nn < n_end)
+                decode_load_tile<T, KVTile, kThreads>(a, b, hk, pad, len_k, nn, sKV + slot * kStageBytes,
+                                                      sKV + slot * kStageBytes + KVTile::kBytes, tid);
+            fa_cp_async_commit();
+        }
+        const uint32_t sK = sKV + stage * kStageBytes, sV = sK + KVTile::kBytes;
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+
+        /* S = Q K^T over this warp's 16 keys (two n8 tiles) */
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        const uint32_t k_addr = sK + KVTile::offset(warp * 16 + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t kb[4], qa[4];
+            fa_ldmatrix_x4(kb, KVTile::frag(k_addr, 0, ks * 2));
+            if constexpr (kQInRegs) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) qa[e] = qreg[kQInRegs ? ks : 0][e];
+            } else {
+                fa_ldmatrix_x4(qa, QTile::frag(q_addr, 0, ks * 2));
+            }
+            E::mma(s[0], qa, kb[0], kb[1]);
+            E::mma(s[1], qa, kb[2], kb[3]);
+        }
+
+        /* scores in log2 units: scale, softcap, ALiBi, then the mask (keys past the sequence included) */
+        const int j0 = n * BN + warp * 16 + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hf = e / 2, j = j0 + nt * 8 + (e & 1);
+                float x = s[nt][e];
+                if (a.softcap > 0.0f || a.alibi) {
+                    x *= a.scale;
+                    if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
+                    if (a.alibi) x -= row_slope[hf] * fabsf((float)(row_diag[hf] - j));
+                    x *= FA_LOG2E;
+                } else {
+                    x *= scale_log2;
+                }
+                s[nt][e] = j >= row_lo[hf] && j < row_hi[hf] ? x : -INFINITY;
+            }
+
+        /* online softmax per row; P packed to 16 bits as the A operand of P V */
+        uint32_t pa[4];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float mx = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
+            mx = fa_quad_max(mx);
+            const float m_new = fmaxf(row_max[hf], mx);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with no key yet: p = 0, not NaN */
+            const float corr = fa_exp2(row_max[hf] - m_use);
+            row_max[hf] = m_new;
+            row_sum[hf] *= corr;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) acc[dt][2 * hf] *= corr, acc[dt][2 * hf + 1] *= corr;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const float p0 = fa_exp2(s[nt][2 * hf] - m_use), p1 = fa_exp2(s[nt][2 * hf + 1] - m_use);
+                row_sum[hf] += p0 + p1;
+                pa[2 * nt + hf] = E::pack(p0, p1); /* a0: (g, keys 0-7), a1: (g+8, 0-7), a2/a3: keys 8-15 */
+            }
+        }
+
+        /* O += P V */
+        const uint32_t v_addr = sV + KVTile::offset(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            uint32_t vb[4];
+            fa_ldmatrix_x4_trans(vb, KVTile::frag(v_addr, 0, dp * 2));
+            E::mma(acc[2 * dp], pa, vb[0], vb[1]);
+            E::mma(acc[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+    }
+
+    /* Merge the warps: each row's max M over the warps, every warp's O scaled by 2^(m_w - M) and summed. */
+    fa_cp_async_wait<0>();
+    __syncthreads();                                    /* the ring is free (no copy in flight, no warp reading) */
+    float *ml = (float *)(decode_smem + QTile::kBytes); /* [NW][16][2]: max, sum */
+    float *red = ml + NW * 16 * 2;                      /* [NW][16][D] */
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const float l = fa_quad_sum(row_sum[hf]);
+        if (t4 == 0) {
+            ml[(warp * 16 + g + 8 * hf) * 2] = row_max[hf];
+            ml[(warp * 16 + g + 8 * hf) * 2 + 1] = l;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int r = g + 8 * hf;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; w++) M = fmaxf(M, ml[(w * 16 + r) * 2]);
+        const float f = M == -INFINITY ? 0.0f : fa_exp2(row_max[hf] - M);
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            *(float2 *)(red + (warp * 16 + r) * D + dt * 8 + 2 * t4) =
+                make_float2(acc[dt][2 * hf] * f, acc[dt][2 * hf + 1] * f);
+    }
+    __syncthreads();
+
+    const bool direct = a.num_splits == 1;
+    const int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q;
+    for (int idx = tid; idx < nrows * (D / 4); idx += kThreads) {
+        const int r = idx / (D / 4), c = idx % (D / 4) * 4, pr = r0 + r;
+        const int i = pr / a.group, h = hk * a.group + pr % a.group;
+        float M = -INFINITY, L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) M = fmaxf(M, ml[(w * 16 + r) * 2]);
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                L += ml[(w * 16 + r) * 2 + 1] * fa_exp2(ml[(w * 16 + r) * 2] - M);
+                const float4 x = *(const float4 *)(red + (w * 16 + r) * D + c);
+                o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
+            }
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        const float lse = L > 0.0f ? (M + log2f(L)) * FA_LN2 : -INFINITY;
+        o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+        const int64_t row = ((int64_t)b * a.heads_q + h) * a.seqlen_q + i;
+        if (direct) {
+            uint2 packed;
+            packed.x = E::pack(o.x, o.y);
+            packed.y = E::pack(o.z, o.w);
+            *(uint2 *)((T *)a.o + b * a.o_batch + i * a.o_row + h * a.o_head + c) = packed;
+            if (a.lse && c == 0) a.lse[row] = lse;
+        } else {
+            const int64_t at = split * rows + row;
+            if (L > 0.0f) *(float4 *)(a.part_o + at * D + c) = o; /* (the combine skips an empty split's O) */
+            if (c == 0) a.part_lse[at] = lse;
+        }
+    }
+}
+
+/* Launches the attention kernel for head dim D, dtype T and STAGES K/V tiles. */
+template <typename T, int D, int STAGES>
+static cudaError_t decode_attn_launch(const decode_args *a, cudaStream_t stream) {
+    void (*kernel)(const decode_args) = decode_attn_kernel<T, D, STAGES>;
+    if (!a) {
+        cudaFuncAttributes attr;
+        return cudaFuncGetAttributes(&attr, kernel);
+    }
+    const int smem = (int)decode_smem_bytes(D, STAGES);
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    /* all of the SM's shared memory: the blocks per SM are what keeps enough copies in flight */
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   (int)cudaSharedmemCarveoutMaxShared);
+    if (err != cudaSuccess) return err;
+    dim3 grid((unsigned)a->num_splits, (unsigned)(a->heads_kv * a->m_blocks), (unsigned)a->batch);
+    kernel<<<grid, DECODE_WARPS * 32, smem, stream>>>(*a);
+    return cudaGetLastError();
+}
+
+template <typename T, int D>
+static cudaError_t decode_attn_launch_stages(const decode_args *a, int stages, cudaStream_t stream) {
+    if constexpr (decode_stages_max(D) >= 3)
+        if (stages == 3) return decode_attn_launch<T, D, 3>(a, stream);
+    return stages == 2 ? decode_attn_launch<T, D, 2>(a, stream) : cudaErrorInvalidValue;
+}
+
+#define DECODE_DEFINE_HDIM(D)                                                                    \
+    DECODE_DECLARE_HDIM(D) {                                                                     \
+        return dtype == FA_BF16 ? decode_attn_launch_stages<__nv_bfloat16, D>(a, stages, stream) \
+                                : decode_attn_launch_stages<__half, D>(a, stages, stream);       \
+    }
+
+#endif /* __CUDACC__ */
+
+#endif /* FLASHATTN_CUDA_DECODE_CUH */
