@@ -845,7 +845,9 @@ def test_sdpa_against_torch(device, case):
             assert o.shape == x.shape and o.dtype == dtype and o.device == x.device, name
             assert_2x_naive(name, o, n, r, dtype)
         # the output is PyTorch's layout over (batch, seqlen, heads, head_dim) memory, as its flash backend's
-        assert ours[0].transpose(1, 2).is_contiguous()
+        # (a head dim the CUDA kernels lack is padded: then it is a slice of that memory)
+        if device == "cpu" or d in (32, 64, 96, 128, 192, 256):
+            assert ours[0].transpose(1, 2).is_contiguous()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -60,6 +60,11 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
     pthread_mutex_unlock(&map_cache.lock);
 
     pthread_once(&encode_once, encode_lookup);
+    /* The encoder needs a current context, which a thread that has made no runtime call yet (PyTorch's
+     * autograd worker, say) lacks: setting the current device makes its primary context current. */
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess)
+        return fa_fail(FA_ERR_DEVICE, "TMA: no current device (%s)", cudaGetErrorString(cudaGetLastError()));
     if (encode_tiled == NULL)
         return fa_fail(FA_ERR_DEVICE, "TMA: cuTensorMapEncodeTiled is not available from the driver (%s)",
                        cudaGetErrorString(encode_lookup_error));
