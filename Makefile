@@ -18,7 +18,7 @@
 #        CFLAGS/LDFLAGS (appended), FA_NAIVE=0 (no naive cuBLAS backend), FA_HDIMS="64 128" (CUDA kernels for
 #        these head dims only, of 32 64 96 128 192 256: a shorter build), FA_TUNING=1 (the FA3 developer knobs
 #        FLASHATTN_FA3_* and the kernel instances only they reach, for measuring). Give a build with FA_NAIVE,
-#        FA_HDIMS or FA_TUNING its own BUILD=dir: objects do not record the flags they were built with.
+#        FA_HDIMS, FA_TUNING or NATIVE=1 its own BUILD=dir: objects do not record the flags they were built with.
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
