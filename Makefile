@@ -5,7 +5,7 @@
 #   make dev           the developer drivers of dev/ (built, not run)
 #   make test          every test: generated sources, C tests (GPU tests too when a GPU is present), CLI, install and
 #                      Python tests
-#   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
+#   make sanitize      C tests under ASan + UBSan, CPU only (every instruction set), in build/sanitize
 #   make fuzz          the libFuzzer harness of fuzz/ for FUZZ_TIME seconds (clang), CPU and reference
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make wheel         dist/flashattn-*.whl, the Python package with a portable library (manylinux via auditwheel)
@@ -352,10 +352,12 @@ fuzz:
 	echo "fuzz: $$([ $$rc -eq 0 ] && echo passed || echo FAILED) (libFuzzer exit $$rc, log $(BUILD)/fuzz/log)"; \
 	exit $$rc
 
+# The C tests, then the CPU ones again at each narrower instruction set (tests/cpu_simd.sh): the vector width
+# sets the row padding and the block remainders, so each level has its own bounds to get right.
 SANITIZE_BUILD ?= $(BUILD)/sanitize
 sanitize:
 	@ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-	  $(MAKE) --no-print-directory BUILD=$(SANITIZE_BUILD) FA_CUDA=0 SANITIZE=1 NVCC= test-c
+	  $(MAKE) --no-print-directory BUILD=$(SANITIZE_BUILD) FA_CUDA=0 SANITIZE=1 NVCC= test-c test-cpu-simd
 
 # A build without OpenMP must compile too (the serial code paths). The wheel is the CPU one: CI has no GPU,
 # and a CUDA wheel would compile the kernels a second time (minutes); the CPU wheel takes under a minute.
