@@ -103,9 +103,14 @@ static const cpu_level *cpu_level_get(void) {
     return &cpu_levels[cpu_choice() & 0xff];
 }
 
+/* The variable's value for messages ("" if the program has unset it since the choice). */
+static const char *cpu_simd_env(void) {
+    const char *env = getenv(CPU_SIMD_ENV);
+    return env ? env : "";
+}
+
 static fa_status cpu_bad_env(void) {
-    return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s is not avx512, avx2 or portable", CPU_SIMD_ENV,
-                   getenv(CPU_SIMD_ENV));
+    return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s is not avx512, avx2 or portable", CPU_SIMD_ENV, cpu_simd_env());
 }
 
 size_t fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward) {
@@ -142,9 +147,9 @@ const char *fa_cpu_simd_choice(void) {
     while (!cpu_levels[best].runs()) best++;
     if (c & CPU_CHOICE_BAD_ENV)
         snprintf(text, sizeof text, "%s=%s is not avx512, avx2 or portable: CPU backend calls fail", CPU_SIMD_ENV,
-                 getenv(CPU_SIMD_ENV));
+                 cpu_simd_env());
     else if (c & CPU_CHOICE_FORCED)
-        snprintf(text, sizeof text, "%s=%s; this CPU runs up to %s", CPU_SIMD_ENV, getenv(CPU_SIMD_ENV),
+        snprintf(text, sizeof text, "%s=%s; this CPU runs up to %s", CPU_SIMD_ENV, cpu_simd_env(),
                  cpu_levels[best].name);
     else
         snprintf(text, sizeof text, "chosen at run time: the widest of avx512, avx2, portable that this CPU runs");
