@@ -5,7 +5,7 @@
 #   make dev           the developer drivers of dev/ (built, not run)
 #   make test          every test: generated sources, C tests (GPU tests too when a GPU is present), CLI, install and
 #                      Python tests
-#   make sanitize      C tests under ASan + UBSan, CPU only, in build/sanitize
+#   make sanitize      C tests under ASan + UBSan, CPU only (every instruction set), in build/sanitize
 #   make fuzz          the libFuzzer harness of fuzz/ for FUZZ_TIME seconds (clang), CPU and reference
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make wheel         dist/flashattn-*.whl, the Python package with a portable library (manylinux via auditwheel)
@@ -13,18 +13,19 @@
 #   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build, dev,
 #                      format-check, test-wheel
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
-#        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=0 (no -march=native), BUILD=dir,
+#        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=1 (-march=native: for this machine only, the
+#        CPU kernels without their run-time choice of instruction set), BUILD=dir,
 #        CFLAGS/LDFLAGS (appended), FA_NAIVE=0 (no naive cuBLAS backend), FA_HDIMS="64 128" (CUDA kernels for
 #        these head dims only, of 32 64 96 128 192 256: a shorter build), FA_TUNING=1 (the FA3 developer knobs
 #        FLASHATTN_FA3_* and the kernel instances only they reach, for measuring). Give a build with FA_NAIVE,
-#        FA_HDIMS or FA_TUNING its own BUILD=dir: objects do not record the flags they were built with.
+#        FA_HDIMS, FA_TUNING or NATIVE=1 its own BUILD=dir: objects do not record the flags they were built with.
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
 CC       ?= cc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 OMP      ?= 1
-NATIVE   ?= 1
+NATIVE   ?= 0
 SANITIZE ?= 0
 PYTHON   ?= python3
 
@@ -96,8 +97,27 @@ LDLIBS        += $(CUDA_LIBS)
 PC_LIBS       += $(CUDA_LIBS)
 endif
 
-LIB_SRC  = $(wildcard src/*.c src/reference/*.c src/cpu/*.c)
-LIB_OBJ  = $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CUDA_OBJ)
+# The CPU kernels. On x86-64 (unless NATIVE=1) every file of src/cpu but cpu_dispatch.c is compiled once per
+# instruction-set level, into $(BUILD)/src/cpu/<level>/, with the level's target flags and -DFA_CPU_ISA=<level>;
+# cpu_dispatch.c, compiled once for the baseline, picks the widest level the processor runs at the first call
+# (FLASHATTN_CPU_SIMD=avx2 or portable forces a narrower one). Its checks of the processor follow these flags:
+# change both together. Elsewhere, and with NATIVE=1, the files are compiled once, for the compiler's target.
+CPU_ISAS               = avx512 avx2 portable
+CPU_ISA_FLAGS_avx512   = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c
+CPU_ISA_FLAGS_avx2     = -mavx2 -mfma -mf16c
+CPU_ISA_FLAGS_portable =
+CPU_X86      := $(findstring x86_64,$(shell $(CC) -dumpmachine 2>/dev/null))
+CPU_DISPATCH := $(if $(and $(filter 0,$(NATIVE)),$(CPU_X86)),1,0)
+ifeq ($(CPU_DISPATCH),1)
+CPU_KERNEL_SRC = $(filter-out src/cpu/cpu_dispatch.c,$(wildcard src/cpu/*.c))
+CPU_OBJ = $(foreach i,$(CPU_ISAS),$(patsubst src/cpu/%.c,$(BUILD)/src/cpu/$(i)/%.o,$(CPU_KERNEL_SRC))) \
+          $(BUILD)/src/cpu/dispatch/cpu_dispatch.o
+else
+CPU_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/cpu/*.c))
+endif
+
+LIB_SRC  = $(wildcard src/*.c src/reference/*.c)
+LIB_OBJ  = $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CPU_OBJ) $(CUDA_OBJ)
 # check/: building problems and checking a backend's answers against the fp64 reference under the tolerance
 # rule, a static library that the CLI, the tests and the fuzzer link.
 CHECK_SRC = $(wildcard check/*.c)
@@ -119,7 +139,7 @@ $(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(FA_HDIM
 endif
 endif
 
-.PHONY: all lib run dev test test-generated test-c test-cli test-install fuzz test-python sanitize install uninstall ci \
+.PHONY: all lib run dev test test-generated test-c test-cpu-simd test-cli test-install fuzz test-python sanitize install uninstall ci \
         clean format format-check readme-example wheel test-wheel FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
@@ -135,6 +155,17 @@ lib: $(BUILD)/libflashattn.a $(BUILD)/libflashattn.so
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# One rule per instruction-set level of the CPU kernels (see CPU_ISAS), and the dispatcher.
+define CPU_ISA_RULE
+$$(BUILD)/src/cpu/$(1)/%.o: src/cpu/%.c
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(ALL_CFLAGS) $$(CPU_ISA_FLAGS_$(1)) -DFA_CPU_ISA=$(1) -c $$< -o $$@
+endef
+$(foreach i,$(CPU_ISAS),$(eval $(call CPU_ISA_RULE,$(i))))
+$(BUILD)/src/cpu/dispatch/cpu_dispatch.o: src/cpu/cpu_dispatch.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DFA_CPU_DISPATCH -c $< -o $@
 
 # Each nvcc run records its start and end time next to the object; the archive rule sums them up.
 # FA_CUDA_ARCHS reaches the code as a string ("80 90a") for the build info.
@@ -178,7 +209,8 @@ run: all
 
 # dev/: the developer drivers, built (not run) so that they keep compiling against the library: the CPU timing
 # driver, and with CUDA the FA2 backward bring-up driver and dev/hopper's FA3 drivers (its own build.sh: the FA3
-# sources with FA_TUNING, sm_90a only).
+# sources with FA_TUNING, sm_90a only). They run where they are built, so with -march=native: cpu_bench's --math
+# and --peak then measure this machine's widest vectors (its timings go through the library's own choice).
 DEV_BIN = $(BUILD)/dev/cpu_bench $(if $(NVCC),$(BUILD)/dev/bwd_check)
 dev: $(DEV_BIN)
 ifneq ($(NVCC),)
@@ -187,16 +219,17 @@ endif
 
 $(BUILD)/dev/%: dev/%.c $(BUILD)/libflashattn.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(BUILD)/libflashattn.a $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -march=native $(ALL_LDFLAGS) -o $@ $< $(BUILD)/libflashattn.a $(LDLIBS)
 
 # ---------------------------------------------------------------------------------------------------------
 # Tests. Each suite prints a closing "<suite>: N passed, N failed" line; the target fails if any test failed.
 
-# All five suites run even when one fails; the target fails at the end if any did.
+# All six suites run even when one fails; the target fails at the end if any did.
 test: all $(TEST_BIN)
 	@failed=""; \
 	$(MAKE) --no-print-directory test-generated || failed="$$failed test-generated"; \
 	$(MAKE) --no-print-directory test-c || failed="$$failed test-c"; \
+	$(MAKE) --no-print-directory test-cpu-simd || failed="$$failed test-cpu-simd"; \
 	$(MAKE) --no-print-directory test-cli || failed="$$failed test-cli"; \
 	$(MAKE) --no-print-directory test-install || failed="$$failed test-install"; \
 	$(MAKE) --no-print-directory test-python || failed="$$failed test-python"; \
@@ -219,6 +252,11 @@ test-c: $(TEST_BIN)
 	[ $$fail -eq 0 ] || echo "failed test binaries:$$failed"; \
 	echo "c-tests$(if $(filter 1,$(SANITIZE)),-sanitize): $$pass passed, $$fail failed"; \
 	[ $$fail -eq 0 ]
+
+# The CPU kernels' run-time choice of instruction set: the widest level by default, and the CPU tests at every
+# narrower one (tests/cpu_simd.sh).
+test-cpu-simd: $(BUILD)/flashattn $(TEST_BIN)
+	@echo "== tests/cpu_simd.sh"; sh tests/cpu_simd.sh $(BUILD)
 
 # The command line: its exit codes and option parsing (tests/cli_exit_codes.sh), and what the C tests do not reach
 # of bench's outputs, sweeps, plots and --version (tests/cli_bench.sh). Then: a library built without FA_TUNING
@@ -290,14 +328,15 @@ test-python: lib
 # libFuzzer harness (fuzz/fuzz_attention.c) over validation, the CPU backend and the reference, built with clang
 # under ASan + UBSan without OpenMP, run for FUZZ_TIME seconds or FUZZ_RUNS inputs, whichever comes first. New
 # inputs go to $(BUILD)/fuzz/corpus; fuzz/corpus holds the committed seeds. Skipped with a message when clang
-# cannot link -fsanitize=fuzzer.
+# cannot link -fsanitize=fuzzer. One binary of all the sources, so the CPU kernels have one level: this machine's
+# (-march=native), which the default build also runs here.
 FUZZ_CC   ?= clang
 FUZZ_TIME ?= 120
 FUZZ_RUNS ?= 1000000
 FUZZ_SEED ?= 1
 FUZZ_BIN   = $(BUILD)/fuzz/fuzz_attention
 FUZZ_FLAGS = -std=c11 -O1 -g -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-             -fno-omit-frame-pointer -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc $(if $(filter 1,$(NATIVE)),-march=native)
+             -fno-omit-frame-pointer -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc -march=native
 $(FUZZ_BIN): fuzz/fuzz_attention.c $(wildcard src/*.c src/reference/*.c src/cpu/*.c) $(CHECK_SRC) \
              $(wildcard include/*.h src/*.h src/*/*.h check/*.h)
 	@mkdir -p $(dir $@)
@@ -313,10 +352,12 @@ fuzz:
 	echo "fuzz: $$([ $$rc -eq 0 ] && echo passed || echo FAILED) (libFuzzer exit $$rc, log $(BUILD)/fuzz/log)"; \
 	exit $$rc
 
+# The C tests, then the CPU ones again at each narrower instruction set (tests/cpu_simd.sh): the vector width
+# sets the row padding and the block remainders, so each level has its own bounds to get right.
 SANITIZE_BUILD ?= $(BUILD)/sanitize
 sanitize:
 	@ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-	  $(MAKE) --no-print-directory BUILD=$(SANITIZE_BUILD) FA_CUDA=0 SANITIZE=1 NVCC= test-c
+	  $(MAKE) --no-print-directory BUILD=$(SANITIZE_BUILD) FA_CUDA=0 SANITIZE=1 NVCC= test-c test-cpu-simd
 
 # A build without OpenMP must compile too (the serial code paths). The wheel is the CPU one: CI has no GPU,
 # and a CUDA wheel would compile the kernels a second time (minutes); the CPU wheel takes under a minute.
@@ -335,11 +376,12 @@ ci:
 
 # ---------------------------------------------------------------------------------------------------------
 # Python wheel: $(DIST)/flashattn-<version>-py3-none-<platform>.whl, the package with libflashattn.so inside.
-# The library is built again in $(WHEEL_BUILD) with NATIVE=0: a wheel runs on machines other than the one that
-# built it, so it must not use this CPU's instruction set. auditwheel ($(AUDITWHEEL), or installed from PyPI
-# into $(WHEEL_BUILD)/tools) then copies libgomp into the wheel and gives it the manylinux tag that the glibc
-# symbol versions of the library and libgomp allow (the build machine's glibc sets that floor); without
-# auditwheel the wheel keeps the linux_<arch> tag and says so. FA_CUDA passes through as for `make`.
+# The library is built again in $(WHEEL_BUILD) with NATIVE=0 (the default, forced here): a wheel runs on machines
+# other than the one that built it, so its CPU kernels choose their instruction set at run time. auditwheel
+# ($(AUDITWHEEL), or installed from PyPI into $(WHEEL_BUILD)/tools) then copies libgomp into the wheel and gives
+# it the manylinux tag that the glibc symbol versions of the library and libgomp allow (the build machine's glibc
+# sets that floor); without auditwheel the wheel keeps the linux_<arch> tag and says so. FA_CUDA passes through
+# as for `make`.
 WHEEL_BUILD ?= $(BUILD)/wheel
 DIST        ?= dist
 AUDITWHEEL  ?= $(shell command -v auditwheel 2>/dev/null)
@@ -368,7 +410,8 @@ wheel:
 
 # Installs the wheel with numpy and pytest into a fresh venv and, from a directory outside the source tree (so
 # that neither python/ nor build/ can be imported), checks that the package loads its bundled library with the
-# header's version (tools/check_wheel.py) and runs the numpy tests.
+# header's version (tools/check_wheel.py) and runs the numpy tests; on x86-64, that the library's CPU kernels
+# run at the widest instruction-set level this machine has (tests/cpu_simd.sh --widest).
 test-wheel: wheel
 	@set -e; venv=$(abspath $(WHEEL_BUILD))/venv; outside=$(abspath $(WHEEL_BUILD))/outside; \
 	whl=$$(ls $(abspath $(WHEEL_BUILD))/final/*.whl); \
@@ -376,7 +419,11 @@ test-wheel: wheel
 	$$venv/bin/pip install --quiet "$$whl" numpy pytest; \
 	cp tools/check_wheel.py python/tests/test_numpy.py $$outside/; \
 	cd $$outside && env -u FLASHATTN_LIBRARY -u PYTHONPATH sh -c \
-	  "$$venv/bin/python check_wheel.py $$whl $(VERSION) && $$venv/bin/python -m pytest -q -p no:cacheprovider test_numpy.py"
+	  "$$venv/bin/python check_wheel.py $$whl $(VERSION) && $$venv/bin/python -m pytest -q -p no:cacheprovider test_numpy.py"$(if $(CPU_X86),; \
+	simd=$$(env -u FLASHATTN_LIBRARY -u PYTHONPATH -u FLASHATTN_CPU_SIMD $$venv/bin/python -c \
+	  'import flashattn; print(flashattn.build_info())' | sed -n 's/.* simd=\([a-z0-9]*\).*/\1/p'); \
+	want=$$(sh $(CURDIR)/tests/cpu_simd.sh --widest); \
+	echo "wheel: its CPU kernels run at $$simd here (the widest level this CPU runs: $$want)"; [ "$$simd" = "$$want" ])
 
 # ---------------------------------------------------------------------------------------------------------
 # Install

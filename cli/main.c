@@ -537,6 +537,7 @@ static int cmd_info(void) {
 #else
     printf("cpu:      %ld cores online, single-threaded build\n", cores);
 #endif
+    printf("cpu simd: %s (%s)\n", fa_cpu_simd(), fa_cpu_simd_choice());
     int n = fa_device_count();
     if (n == 0) {
         /* the library's message says what is missing: the driver, a device, or a new enough driver */

@@ -110,18 +110,6 @@ size_t fa_exec_sizeof(void) {
 #define FA_STR2(x) #x
 #define FA_STR(x) FA_STR2(x)
 
-static const char *simd_name(void) {
-#if defined(__AVX512F__)
-    return "avx512";
-#elif defined(__AVX2__) && defined(__FMA__)
-    return "avx2+fma";
-#elif defined(__ARM_NEON)
-    return "neon";
-#else
-    return "portable";
-#endif
-}
-
 #ifdef FA_WITH_CUDA
 /* The CUDA kernels' head dims (src/cuda/hdims.h) as ",32,64,...": reported without the first comma, read by the
  * Python binding's padding rule. */
@@ -146,7 +134,7 @@ const char *fa_build_info(void) {
 #else
              "no",
 #endif
-             simd_name(),
+             fa_cpu_simd(),
 #ifdef FA_WITH_CUDA
              " ", fa_cuda_build_info(), " hdims=", cuda_hdims + 1
 #else

@@ -199,6 +199,10 @@ fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double
 size_t    fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward);
 fa_status fa_cpu_fwd(const fa_params *p, const fa_exec *x);
 fa_status fa_cpu_bwd(const fa_params *p, const fa_exec *x);
+/* The CPU kernels' instruction-set level in use ("avx512", "avx2", "portable"; chosen at the first call where
+ * the build holds several, see src/cpu/cpu_dispatch.c), and how it was chosen, in words. */
+const char *fa_cpu_simd(void);
+const char *fa_cpu_simd_choice(void);
 
 /* The naive backend comes with CUDA unless the build leaves it out (make FA_NAIVE=0 passes -DFA_NO_NAIVE). */
 #if defined(FA_WITH_CUDA) && !defined(FA_NO_NAIVE)

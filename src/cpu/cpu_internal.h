@@ -6,6 +6,35 @@
 #ifndef FLASHATTN_CPU_INTERNAL_H
 #define FLASHATTN_CPU_INTERNAL_H
 
+/* The kernels are compiled once per instruction-set level (the Makefile passes -DFA_CPU_ISA=avx512 with that
+ * level's target flags, and so on; see cpu_dispatch.c). Each level's objects then give every function they
+ * define outside their file the level as a suffix (fa_cpu_fwd_avx512), so that one library holds them all; a
+ * function missing here is defined by each level under the same name, which the link rejects. Defined before
+ * internal.h, whose declarations of the entry points it renames too. */
+#ifdef FA_CPU_ISA
+#define FA_CPU_ISA_NAME2(f, isa)      f##_##isa
+#define FA_CPU_ISA_NAME(f, isa)       FA_CPU_ISA_NAME2(f, isa)
+#define fa_cpu_workspace_size         FA_CPU_ISA_NAME(fa_cpu_workspace_size, FA_CPU_ISA)
+#define fa_cpu_fwd                    FA_CPU_ISA_NAME(fa_cpu_fwd, FA_CPU_ISA)
+#define fa_cpu_bwd                    FA_CPU_ISA_NAME(fa_cpu_bwd, FA_CPU_ISA)
+#define fa_cpu_kvcache_workspace_size FA_CPU_ISA_NAME(fa_cpu_kvcache_workspace_size, FA_CPU_ISA)
+#define fa_cpu_fwd_kvcache            FA_CPU_ISA_NAME(fa_cpu_fwd_kvcache, FA_CPU_ISA)
+#define fa_cpu_threads                FA_CPU_ISA_NAME(fa_cpu_threads, FA_CPU_ISA)
+#define fa_cpu_thread_id              FA_CPU_ISA_NAME(fa_cpu_thread_id, FA_CPU_ISA)
+#define fa_workspace_acquire          FA_CPU_ISA_NAME(fa_workspace_acquire, FA_CPU_ISA)
+#define fa_workspace_release          FA_CPU_ISA_NAME(fa_workspace_release, FA_CPU_ISA)
+#define fa_cpu_tokens                 FA_CPU_ISA_NAME(fa_cpu_tokens, FA_CPU_ISA)
+#define fa_cpu_block_prefix           FA_CPU_ISA_NAME(fa_cpu_block_prefix, FA_CPU_ISA)
+#define fa_cpu_block_owner            FA_CPU_ISA_NAME(fa_cpu_block_owner, FA_CPU_ISA)
+#define fa_cpu_packed_view            FA_CPU_ISA_NAME(fa_cpu_packed_view, FA_CPU_ISA)
+#define fa_cpu_pack_rows              FA_CPU_ISA_NAME(fa_cpu_pack_rows, FA_CPU_ISA)
+#define fa_cpu_load_row               FA_CPU_ISA_NAME(fa_cpu_load_row, FA_CPU_ISA)
+#define fa_cpu_store_row              FA_CPU_ISA_NAME(fa_cpu_store_row, FA_CPU_ISA)
+#define fa_cpu_store_zero_row         FA_CPU_ISA_NAME(fa_cpu_store_zero_row, FA_CPU_ISA)
+#define fa_cpu_fwd_workspace          FA_CPU_ISA_NAME(fa_cpu_fwd_workspace, FA_CPU_ISA)
+#define fa_cpu_bwd_workspace          FA_CPU_ISA_NAME(fa_cpu_bwd_workspace, FA_CPU_ISA)
+#endif
+
 #include "internal.h"
 #include "cpu/cpu_simd.h"
 

@@ -5,7 +5,8 @@
  * every product of the forward and backward is built from.
  *
  * Width: 64-byte vectors with AVX-512, 32 with AVX/AVX2, 16 otherwise (the compiler lowers those to
- * whatever the target has, scalars included).
+ * whatever the target has, scalars included). The target is the compiler's: one per instruction-set level when
+ * the Makefile compiles the kernels once per level (cpu_dispatch.c chooses among them at run time).
  */
 #ifndef FLASHATTN_CPU_SIMD_H
 #define FLASHATTN_CPU_SIMD_H
