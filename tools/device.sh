@@ -3,8 +3,8 @@
 # device.sh - everything the GPU machine runs, in one script: build, the test suite (GPU tests included),
 # compute-sanitizer on small problems, the benchmark of ours against PyTorch's attention backends in one
 # harness (bench/compare.py), our kernels alone (flashattn bench), and the CPU comparison with PyTorch's CPU
-# SDPA. Logs and results go to $OUT (default ./device-out), at most 8 files (build.log tests.log
-# sanitize.log bench.log compare.json compare.csv cpu.log extras.tar); compare.py's summary table of ours vs
+# SDPA. Logs and results go to $OUT (default ./device-out), at most 9 files (build.log tests.log
+# sanitize.log bench.log compare.json compare.csv cpu.log profile.log extras.tar); compare.py's summary table of ours vs
 # the peers is printed last.
 #
 #   tools/device.sh [--quick] [--jobs N] [PART ...]
@@ -16,6 +16,9 @@
 #   bench      bench/compare.py (ours and the peers, every ratio)           -> bench.log compare.json compare.csv
 #              then flashattn bench --sweep paper (our kernels alone)       -> extras.tar: ours-bench.log/.csv, plots
 #   cpu        fp32 b1 h8 s2048 d128 at 1 and 16 threads, ours vs torch    -> cpu.log (csv/json in extras.tar)
+#   profile    ncu (--set full) of one call of ours and of cuDNN's SDPA on one shape (FA_PROFILE="bwd 128
+#              16384 [causal]", the default), the main metrics of every kernel side by side -> profile.log,
+#              the reports in extras.tar (not part of all)
 #   summary    only compare.py's table, from compare.json already in $OUT
 # --quick      compare.py --quick (a few shapes per set), head_dim 128 only in flashattn bench, the sanitizers
 #              on one small shape per kernel family and head dim only
@@ -35,7 +38,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1 ;;
     --jobs) JOBS=$2; shift ;;
     --jobs=*) JOBS=${1#--jobs=} ;;
-    build | test | sanitize | bench | cpu | summary) PARTS+=("$1") ;;
+    build | test | sanitize | bench | cpu | profile | summary) PARTS+=("$1") ;;
     all) PARTS+=(test sanitize bench cpu) ;;
     -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "device.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -106,6 +109,10 @@ part_sanitize() {
     for d in 64 128 256; do
         matrix+=("--backend cuda --kernel fa3 --dtype bf16 --batch 2 --seqlen 150 --heads 2 --head-dim $d --causal --varlen")
     done
+    # the FA3 backward (dense batches, head dims 64 and 128), and the decode kernels (paged, append + rotary)
+    for d in 64 128; do matrix+=("--backend cuda --kernel fa3 --bwd $small --head-dim $d --window 40,7"); done
+    matrix+=("--decode --backend cuda --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seqlen-k 300 --head-dim 128 \
+--page-size 16 --new 1 --rotary-dim 64")
     matrix+=("--backend naive --bwd $small --head-dim 64")
     local regressions=(
         "--dtype bf16 --batch 2 --seqlen-q 100 --seqlen-k 200 --heads 4 --heads-kv 2 --head-dim 64 --causal"
@@ -264,6 +271,37 @@ pack_outputs() {
     if [ -d "$EXTRA" ]; then tar -C "$OUT" -cf "$OUT/extras.tar" extra && rm -rf "$EXTRA"; fi
 }
 
+part_profile() {
+    local ncu shape impl
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    [ -x "$ncu" ] || { note "profile: ncu not found"; FAILED+=(profile); return 1; }
+    read -r -a shape <<< "${FA_PROFILE:-bwd 128 16384}"
+    mkdir -p "$EXTRA"
+    : > "$OUT/profile.log"
+    for impl in ours cudnn; do
+        note "profile: $impl ${shape[*]}"
+        if ! "$ncu" --profile-from-start off --set full -f -o "$EXTRA/$impl" $PY bench/ncu_one.py "$impl" "${shape[@]}" \
+            > "$EXTRA/ncu-$impl.log" 2>&1; then
+            tail -5 "$EXTRA/ncu-$impl.log"; FAILED+=(profile); continue
+        fi
+        "$ncu" -i "$EXTRA/$impl.ncu-rep" --page details --csv > "$EXTRA/$impl-details.csv" 2> /dev/null
+        $PY - "$impl" "$EXTRA/$impl-details.csv" >> "$OUT/profile.log" << 'PY'
+import csv, sys
+want = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Issue Slots Busy", "Executed Ipc Active",
+        "L2 Cache Throughput", "DRAM Throughput", "L1/TEX Hit Rate", "Registers Per Thread", "Grid Size",
+        "Dynamic Shared Memory Per Block", "Warp Cycles Per Issued Instruction", "No Eligible")
+kernels = {}
+for r in csv.DictReader(open(sys.argv[2])):
+    if r["Metric Name"] in want:
+        kernels.setdefault((r["ID"], r["Kernel Name"][:70]), {})[r["Metric Name"]] = r["Metric Value"] + r["Metric Unit"]
+print("== %s" % sys.argv[1])
+for (i, name), m in kernels.items():
+    print("%s %s\n    %s" % (i, name, "; ".join("%s %s" % (k, m[k]) for k in want if k in m)))
+PY
+    done
+    cat "$OUT/profile.log"
+}
+
 if [ "${PARTS[*]}" != summary ]; then
     part_build || { pack_outputs; exit 1; }
 fi
@@ -274,6 +312,7 @@ for p in "${PARTS[@]}"; do
     sanitize) part_sanitize ;;
     bench) part_bench ;;
     cpu) part_cpu ;;
+    profile) part_profile ;;
     summary) ;;
     esac
 done
