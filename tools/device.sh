@@ -4,8 +4,8 @@
 # compute-sanitizer on small problems, the benchmark of ours against PyTorch's attention backends in one
 # harness (bench/compare.py), our kernels alone (flashattn bench), and the CPU comparison with PyTorch's CPU
 # SDPA. Logs and results go to $OUT (default ./device-out), at most 9 files (build.log tests.log
-# sanitize.log bench.log compare.json compare.csv cpu.log profile.log extras.tar); compare.py's summary table of ours vs
-# the peers is printed last.
+# sanitize.log bench.log compare.json compare.csv cpu.log profile.log extras.tar); compare.py's summary table
+# of ours vs the peers is printed last.
 #
 #   tools/device.sh [--quick] [--jobs N] [PART ...]
 #
