@@ -351,10 +351,11 @@ test-install: all
 
 # Python tests need python3 with numpy and pytest; they are skipped with a message otherwise.
 # pytest's exit status 5 means it collected no test. The examples run first: the numpy one where numpy is
-# importable, the PyTorch one always (it skips itself, exiting 0, without PyTorch).
+# importable, the PyTorch ones (a training step, a decoding loop) always (they skip themselves, exiting 0,
+# without PyTorch).
 PY_ENV = FLASHATTN_LIBRARY=$(abspath $(BUILD))/libflashattn.so PYTHONPATH=$(abspath python)$${PYTHONPATH:+:$$PYTHONPATH}
 test-python: lib
-	@pass=0; fail=0; examples=examples/train_step_torch.py; \
+	@pass=0; fail=0; examples="examples/train_step_torch.py examples/decode_torch.py"; \
 	if $(PYTHON) -c 'import numpy' 2>/dev/null; then examples="examples/attention_numpy.py $$examples"; \
 	else echo "examples/attention_numpy.py: skipped (no numpy in $(PYTHON))"; fi; \
 	for ex in $$examples; do \
