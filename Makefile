@@ -10,11 +10,14 @@
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make wheel         dist/flashattn-*.whl, the Python package with a portable library (manylinux via auditwheel)
 #   make test-wheel    that wheel installed in a fresh venv, tested from outside the source tree
+#   make cuda12-check CUDA12_ROOT=dir   the CUDA sources against CUDA 12.x's headers and assembler (see there)
 #   make ci            what .ci/run runs once the machine has its packages: test, sanitize, fuzz, serial build, dev,
 #                      format-check, test-wheel
 # Knobs: FA_CUDA=0 (skip CUDA even if nvcc is found; FA_CUDA=1 fails when it is missing),
-#        FA_CUDA_ARCHS="80 90a", NVCC=..., OMP=0 (no OpenMP), NATIVE=1 (-march=native: for this machine only, the
-#        CPU kernels without their run-time choice of instruction set), BUILD=dir,
+#        FA_CUDA_ARCHS="80 90a", NVCC=... (CUDA 12.4 or later), CUDA_HOME=dir (the toolkit: its headers in
+#        dir/include; default: the folder above NVCC's bin/), CUDA_LIBDIR=dir (where libcudart_static.a lies;
+#        default CUDA_HOME/lib64), OMP=0 (no OpenMP), NATIVE=1 (-march=native: for this machine only, the CPU
+#        kernels without their run-time choice of instruction set), BUILD=dir,
 #        CFLAGS/LDFLAGS (appended), FA_NAIVE=0 (no naive cuBLAS backend), FA_HDIMS="64 128" (CUDA kernels for
 #        these head dims only, of 32 64 96 128 192 256: a shorter build), FA_TUNING=1 (the FA3 developer knobs
 #        FLASHATTN_FA3_* and the kernel instances only they reach, for measuring). Give a build with FA_NAIVE,
@@ -67,6 +70,7 @@ endif
 endif
 ifneq ($(NVCC),)
 CUDA_HOME     ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_LIBDIR   ?= $(CUDA_HOME)/lib64
 FA_CUDA_ARCHS ?= 80 90a
 NVCC_GENCODE   = $(foreach a,$(FA_CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
 NVCC_FLAGS    ?= -O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden,-Wall -Iinclude -Isrc -lineinfo \
@@ -92,7 +96,7 @@ ALL_CFLAGS    += -DFA_WITH_CUDA $(CUDA_DEFS) -I$(CUDA_HOME)/include
 # The CUDA runtime is linked statically (it opens the driver, libcuda.so.1, with dlopen itself) and the naive
 # backend opens cuBLAS with dlopen on first use, so libflashattn.so needs neither at load time and its CPU
 # backends run on machines without CUDA. The rpath lets that dlopen find the toolkit's cuBLAS.
-CUDA_LIBS      = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lpthread -lrt -lstdc++
+CUDA_LIBS      = -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart_static -ldl -lpthread -lrt -lstdc++
 LDLIBS        += $(CUDA_LIBS)
 PC_LIBS       += $(CUDA_LIBS)
 endif
@@ -139,7 +143,7 @@ $(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(FA_HDIM
 endif
 endif
 
-.PHONY: all lib run dev test test-generated test-c test-cpu-simd test-cli test-install fuzz test-python sanitize install uninstall ci \
+.PHONY: all lib run dev cuda12-check test test-generated test-c test-cpu-simd test-cli test-install fuzz test-python sanitize install uninstall ci \
         clean format format-check readme-example wheel test-wheel FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
@@ -220,6 +224,47 @@ endif
 $(BUILD)/dev/%: dev/%.c $(BUILD)/libflashattn.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -march=native $(ALL_LDFLAGS) -o $@ $< $(BUILD)/libflashattn.a $(LDLIBS)
+
+# cuda12-check: the CUDA sources against an older CUDA 12 (the oldest supported: 12.4) where only its PyPI
+# packages can be had: nvidia-cuda-nvcc-cu12 ships that release's ptxas but not nvcc, and
+# nvidia-cuda-runtime-cu12 and nvidia-cublas-cu12 its headers. CUDA12_ROOT is the packages' nvidia/ folder (the
+# wheels unpacked or installed). This NVCC's front end compiles every file to PTX for each of FA_CUDA_ARCHS with
+# the CUDA 12 headers ahead of its own on the include path, then the CUDA 12 ptxas assembles that PTX, declared as
+# CUDA12_PTX_ISA (the newest PTX that ptxas reads; 8.4 for 12.4): a kernel needing a newer instruction or a
+# call missing from the older runtime API fails here. The C files that include the runtime's headers are
+# compiled against them too. Not a build (the front end is this NVCC's, nothing is linked): a release's own
+# nvcc (`make NVCC=/usr/local/cuda-12.4/bin/nvcc`) is the real test.
+CUDA12_ROOT    ?=
+CUDA12_PTX_ISA ?= 8.4
+CUDA12_OUT      = $(BUILD)/cuda12
+CUDA12_INC      = $(foreach d,cuda_runtime cuda_nvcc cublas,-I$(CUDA12_ROOT)/$(d)/include)
+CUDA12_HOST_SRC = $(shell grep -l '^\#include <cuda' $(LIB_SRC) $(CHECK_SRC) $(CLI_SRC))
+CUDA12_CUBIN    = $(foreach a,$(FA_CUDA_ARCHS),$(patsubst %.cu,$(CUDA12_OUT)/%.sm_$(a).cubin,$(CUDA_SRC)))
+define CUDA12_RULE
+$$(CUDA12_OUT)/%.sm_$(1).cubin: %.cu
+	@mkdir -p $$(dir $$@)
+	$$(NVCC) $$(NVCC_FLAGS) $$(NVCC_DEFS) $$(CUDA12_INC) -DFA_CUDA_ARCHS='"$$(FA_CUDA_ARCHS)"' -arch=compute_$(1) \
+	  -MMD -MP -MF $$(@:.cubin=.d) -MT $$@ -ptx $$< -o $$(@:.cubin=.ptx)
+	sed -i 's/^\.version .*/.version $$(CUDA12_PTX_ISA)/' $$(@:.cubin=.ptx)
+	$$(CUDA12_ROOT)/cuda_nvcc/bin/ptxas -arch=sm_$(1) -O3 --warn-on-spills $$(@:.cubin=.ptx) -o $$@
+endef
+$(foreach a,$(FA_CUDA_ARCHS),$(eval $(call CUDA12_RULE,$(a))))
+ifneq ($(filter cuda12-check,$(MAKECMDGOALS)),)
+ifeq ($(NVCC),)
+$(error cuda12-check needs nvcc (its front end): put it on PATH or pass NVCC=/path/to/nvcc)
+endif
+ifeq ($(wildcard $(CUDA12_ROOT)/cuda_nvcc/bin/ptxas),)
+$(error cuda12-check: CUDA12_ROOT="$(CUDA12_ROOT)" holds no cuda_nvcc/bin/ptxas (.ci/run with CI_CUDA12=1 shows \
+  how to unpack the CUDA 12 wheels))
+endif
+endif
+cuda12-check: $(CUDA12_CUBIN)
+	@set -e; for src in $(CUDA12_HOST_SRC); do \
+	  echo "$(CC) $(CUDA12_INC) ... -fsyntax-only $$src"; \
+	  $(CC) $(CUDA12_INC) $(filter-out -MMD -MP,$(ALL_CFLAGS)) -fsyntax-only $$src; \
+	done
+	@echo "cuda12-check: $(words $(CUDA_SRC)) CUDA files for sm $(FA_CUDA_ARCHS) and $(words $(CUDA12_HOST_SRC)) C files \
+	against $$($(CUDA12_ROOT)/cuda_nvcc/bin/ptxas --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p')"
 
 # ---------------------------------------------------------------------------------------------------------
 # Tests. Each suite prints a closing "<suite>: N passed, N failed" line; the target fails if any test failed.
@@ -306,10 +351,11 @@ test-install: all
 
 # Python tests need python3 with numpy and pytest; they are skipped with a message otherwise.
 # pytest's exit status 5 means it collected no test. The examples run first: the numpy one where numpy is
-# importable, the PyTorch one always (it skips itself, exiting 0, without PyTorch).
+# importable, the PyTorch ones (a training step, a decoding loop) always (they skip themselves, exiting 0,
+# without PyTorch).
 PY_ENV = FLASHATTN_LIBRARY=$(abspath $(BUILD))/libflashattn.so PYTHONPATH=$(abspath python)$${PYTHONPATH:+:$$PYTHONPATH}
 test-python: lib
-	@pass=0; fail=0; examples=examples/train_step_torch.py; \
+	@pass=0; fail=0; examples="examples/train_step_torch.py examples/decode_torch.py"; \
 	if $(PYTHON) -c 'import numpy' 2>/dev/null; then examples="examples/attention_numpy.py $$examples"; \
 	else echo "examples/attention_numpy.py: skipped (no numpy in $(PYTHON))"; fi; \
 	for ex in $$examples; do \
@@ -486,4 +532,4 @@ readme-example: tests/test_example.c
 clean:
 	rm -rf $(BUILD)
 
--include $(patsubst %.o,%.d,$(LIB_OBJ) $(CHECK_OBJ) $(CLI_OBJ) $(TEST_COMMON) $(TEST_BIN:=.o))
+-include $(patsubst %.o,%.d,$(LIB_OBJ) $(CHECK_OBJ) $(CLI_OBJ) $(TEST_COMMON) $(TEST_BIN:=.o)) $(CUDA12_CUBIN:.cubin=.d)

@@ -17,8 +17,14 @@ static pthread_once_t encode_once = PTHREAD_ONCE_INIT;
 static void encode_lookup(void) {
     void *fn = NULL;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    /* The versioned lookup is new in CUDA 12.5 (13.x deprecates the unversioned one); 12.4's lookup gives the
+     * newest version of the symbol, which for cuTensorMapEncodeTiled is still the 12.0 one. */
+#if CUDART_VERSION >= 12050
     encode_lookup_error = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
                                                            &found);
+#else
+    encode_lookup_error = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
     if (encode_lookup_error == cudaSuccess && found == cudaDriverEntryPointSuccess)
         encode_tiled = (PFN_cuTensorMapEncodeTiled_v12000)fn;
 }
