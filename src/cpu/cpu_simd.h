@@ -314,4 +314,85 @@ FA_INLINE void fa_gemm(int64_t m, int64_t n, int64_t kc, const float *a, const f
     }
 }
 
+#if defined(__AVX512BF16__)
+/* This level runs the products of bf16 calls on the bf16 dot product (vdpbf16ps): two bf16 multiplies per
+ * fp32 lane, both products added to the fp32 accumulator. */
+#define FA_CPU_BF16 1
+
+/* Operands of the bf16 products are bf16 pairs along the summed index k: a 32-bit word holds elements k
+ * (low half) and k + 1 (high half), k even, so one word of A broadcast against one vector of B is two steps
+ * of the fp32 micro-kernel's k loop. A row-major bf16 matrix is already in pairs along its rows; pairs across
+ * rows (k the row index) are packed with fa_bf16_pairs. */
+typedef uint32_t fa_vu_u __attribute__((vector_size(64), aligned(4), may_alias));
+
+/* Word lane i: bf16(lo[i]) | bf16(hi[i]) << 16, each rounded to nearest even. */
+FA_INLINE __m512i fa_bf16_pairs(fa_vf lo, fa_vf hi) {
+    __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+    __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+    return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
+/* fa_ukernel over kp pairs of k: A's pair of row i at step t is the word a[i * a_row + t * a_k], B's vector v
+ * at b + t * ldb + v * b_vec (strides in words). */
+FA_INLINE void fa_ukernel_bf16(const int nr, int64_t kp, const uint32_t *a, const int64_t a_row, const int64_t a_k,
+                               const uint32_t *b, const int64_t ldb, const int64_t b_vec, float *c, const int64_t ldc,
+                               const int mode, const float *row_scale) {
+    __m512 acc[FA_MR][FA_NR];
+    FA_UNROLL(16)
+    for (int i = 0; i < FA_MR; i++) {
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) acc[i][v] = _mm512_setzero_ps();
+        if (mode != FA_UK_SET) __builtin_prefetch(c + i * ldc, 1, 3);
+        if (mode != FA_UK_SET && nr * FA_VL > 16) __builtin_prefetch(c + i * ldc + nr * FA_VL - 1, 1, 3);
+    }
+    for (; kp > 0; kp--) {
+        __m512bh bv[FA_NR];
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) bv[v] = (__m512bh)_mm512_loadu_si512(b + v * b_vec);
+        FA_UNROLL(16)
+        for (int i = 0; i < FA_MR; i++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * a_row]);
+            FA_UNROLL(4)
+            for (int v = 0; v < nr; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+        }
+        a += a_k;
+        b += ldb;
+    }
+    FA_UNROLL(16)
+    for (int i = 0; i < FA_MR; i++) {
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) {
+            float *ci = c + i * ldc + v * FA_VL;
+            if (mode == FA_UK_SET)
+                fa_vstore(ci, acc[i][v]);
+            else if (mode == FA_UK_ADD)
+                fa_vstore(ci, fa_vload(ci) + acc[i][v]);
+            else
+                fa_vstore(ci, fa_vfma(fa_vload(ci), fa_vset1(row_scale[i]), acc[i][v]));
+        }
+    }
+}
+
+/* fa_gemm over kp pairs of k, the layouts' strides in words. */
+FA_INLINE void fa_gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t *a, const fa_layout_a la,
+                            const uint32_t *b, const fa_layout_b lb, float *c, int64_t ldc, const int mode,
+                            const float *row_scale, fa_prefetch pf) {
+    const int64_t calls = m / FA_MR * fa_ceil_div(n, FA_NR * FA_VL);
+    const int64_t pf_per_call = calls > 0 ? fa_ceil_div(pf.lines, calls) : 0;
+    for (int64_t j = 0; j < n; j += FA_NR * FA_VL) {
+        const uint32_t *bj = b + j / FA_VL * lb.vec;
+        for (int64_t i = 0; i < m; i += FA_MR) {
+            const uint32_t *ai = a + i / FA_MR * la.grp;
+            const float *rs = mode == FA_UK_SCALE_ADD ? row_scale + i : NULL;
+            for (int64_t t = 0; FA_CPU_PREFETCH && t < pf_per_call && pf.lines > 0; t++, pf.lines--, pf.p += 64)
+                __builtin_prefetch(pf.p, 0, 2);
+            if (n - j >= FA_NR * FA_VL)
+                fa_ukernel_bf16(FA_NR, kp, ai, la.row, la.k, bj, lb.ld, lb.vec, c + i * ldc + j, ldc, mode, rs);
+            else
+                fa_ukernel_bf16(1, kp, ai, la.row, la.k, bj, lb.ld, lb.vec, c + i * ldc + j, ldc, mode, rs);
+        }
+    }
+}
+#endif
+
 #endif
