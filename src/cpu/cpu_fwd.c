@@ -283,21 +283,7 @@ FA_NOINLINE void fwd_scores_bf16(const uint32_t *panel, const uint32_t *qt, floa
     fa_gemm_bf16(m, ncols, d / 2, panel, la, qt, lb, st, FWD_LDS, FA_UK_SET, NULL, pf);
 }
 
-/* P (keys x query columns [0, ncols), transposed, in st) as bf16 pairs of keys, in place: pair row t (keys 2t
- * and 2t + 1, the second 0 past nk) in row t of the tile. Row t is written after rows 2t and 2t + 1 are read,
- * and every row below 2t has been read before. */
-static void fwd_probs_to_pairs(float *st, int64_t nk, int64_t ncols) {
-    for (int64_t t = 0; 2 * t < nk; t++) {
-        const float *lo = st + 2 * t * FWD_LDS, *hi = lo + FWD_LDS;
-        uint32_t *dst = (uint32_t *)(st + t * FWD_LDS);
-        for (int64_t c = 0; c < ncols; c += FA_VL) {
-            fa_vf h = 2 * t + 1 < nk ? fa_vload(hi + c) : fa_vset1(0.0f);
-            *(fa_vu_u *)(dst + c) = (fa_vu_u)fa_bf16_pairs(fa_vload(lo + c), h);
-        }
-    }
-}
-
-/* fwd_pv on bf16 pairs: P as fwd_probs_to_pairs leaves it, V as pair rows at stride ldv words. */
+/* fwd_pv on bf16 pairs: P as pairs of keys (fa_rows_to_bf16_pairs on the transposed tile), V as pair rows at stride ldv words. */
 FA_NOINLINE void fwd_pv_bf16(const uint32_t *pt, const uint32_t *v, int64_t ldv, float *o, int64_t ldo, int64_t rows,
                              int64_t w, int64_t nk, const float *alpha, fa_prefetch pf) {
     const fa_layout_a la = { 1, FWD_LDS, FA_MR };
@@ -393,7 +379,7 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
                                 (const uint32_t *)sc->qt + c0 / FA_VL * FA_VL * (d / 2), sc->st + c0,
                                 fa_round_up(nk, FA_MR), ncols - c0, d, pf_v);
                 fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale);
-                fwd_probs_to_pairs(sc->st + c0, nk, ncols - c0);
+                fa_rows_to_bf16_pairs(sc->st + c0, FWD_LDS, nk, ncols - c0, (uint32_t *)(sc->st + c0));
                 fwd_pv_bf16((const uint32_t *)(sc->st + c0), (const uint32_t *)vrow, cx->v.stride_seq,
                             sc->o + c0 * ldo, ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
                 continue;

@@ -332,6 +332,20 @@ FA_INLINE __m512i fa_bf16_pairs(fa_vf lo, fa_vf hi) {
     return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
 }
 
+/* Rows 2t and 2t + 1 of src (n floats each at stride ld, n a multiple of FA_VL; the second taken as 0 from row
+ * nrows on) as bf16 pairs in row t of dst (words at stride ld), for 2t < nrows. dst may be src: row t is written
+ * after rows 2t and 2t + 1 are read, and every row below 2t has been read before. */
+FA_INLINE void fa_rows_to_bf16_pairs(const float *src, int64_t ld, int64_t nrows, int64_t n, uint32_t *dst) {
+    for (int64_t t = 0; 2 * t < nrows; t++) {
+        const float *lo = src + 2 * t * ld, *hi = lo + ld;
+        uint32_t *d = dst + t * ld;
+        for (int64_t c = 0; c < n; c += FA_VL) {
+            fa_vf h = 2 * t + 1 < nrows ? fa_vload(hi + c) : fa_vset1(0.0f);
+            *(fa_vu_u *)(d + c) = (fa_vu_u)fa_bf16_pairs(fa_vload(lo + c), h);
+        }
+    }
+}
+
 /* fa_ukernel over kp pairs of k: A's pair of row i at step t is the word a[i * a_row + t * a_k], B's vector v
  * at b + t * ldb + v * b_vec (strides in words). */
 FA_INLINE void fa_ukernel_bf16(const int nr, int64_t kp, const uint32_t *a, const int64_t a_row, const int64_t a_k,
