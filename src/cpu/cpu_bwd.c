@@ -461,7 +461,8 @@ static void bwd_prepare_rows_bf16(const bwd_ctx *cx, int64_t b, const fa_seq *s,
         const uint16_t *base = src[x]->data;
         for (int64_t t = 0; r0 + 2 * t < r1; t++) {
             const uint16_t *lo = base + fa_offset(p, src[x], b, s->tok_q, r0 + 2 * t, h);
-            const uint16_t *hi = r0 + 2 * t + 1 < r1 ? base + fa_offset(p, src[x], b, s->tok_q, r0 + 2 * t + 1, h) : NULL;
+            const uint16_t *hi =
+                r0 + 2 * t + 1 < r1 ? base + fa_offset(p, src[x], b, s->tok_q, r0 + 2 * t + 1, h) : NULL;
             uint32_t *row = (uint32_t *)dst[x]->data + fa_offset(p, dst[x], b, s->tok_q, r0 + t, h);
             for (int64_t c = 0; c < d; c++) row[c] = lo[c] | (hi ? (uint32_t)hi[c] << 16 : 0u);
             for (int64_t c = d; c < w; c++) row[c] = 0;

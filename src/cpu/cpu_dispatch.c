@@ -3,11 +3,11 @@
  * cpu_dispatch.c - the CPU backend's entry points, each passed on to the kernels of one instruction-set level.
  *
  * On x86-64 the Makefile compiles the other files of src/cpu once per level (AVX-512 with the bf16 dot product,
- * AVX-512, AVX2 + FMA, and the compiler's baseline), each time with that level's target flags and -DFA_CPU_ISA=<level>, which gives the
- * level's functions its name as a suffix (cpu_internal.h); it compiles this file once, for the baseline, with
- * -DFA_CPU_DISPATCH. The first call picks the widest level the processor runs, or a narrower one named by
- * FLASHATTN_CPU_SIMD, and every later call of the process uses the same one: a workspace sized under one level
- * must fit the call that uses it (the vector width sets the row padding).
+ * AVX-512, AVX2 + FMA, and the compiler's baseline), each time with that level's target flags and -DFA_CPU_ISA=<level>,
+ * which gives the level's functions its name as a suffix (cpu_internal.h); it compiles this file once, for the
+ * baseline, with -DFA_CPU_DISPATCH. The first call picks the widest level the processor runs, or a narrower one named
+ * by FLASHATTN_CPU_SIMD, and every later call of the process uses the same one: a workspace sized under one level must
+ * fit the call that uses it (the vector width sets the row padding).
  *
  * A build without FA_CPU_DISPATCH (NATIVE=1, another architecture, the sources compiled by hand) holds one
  * level, the compiler's: the kernels keep their plain names and this file only names that level.
@@ -117,7 +117,8 @@ static const char *cpu_simd_env(void) {
 }
 
 static fa_status cpu_bad_env(void) {
-    return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s is not avx512bf16, avx512, avx2 or portable", CPU_SIMD_ENV, cpu_simd_env());
+    return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s is not avx512bf16, avx512, avx2 or portable", CPU_SIMD_ENV,
+                   cpu_simd_env());
 }
 
 size_t fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward) {
@@ -153,13 +154,14 @@ const char *fa_cpu_simd_choice(void) {
     int best = 0;
     while (!cpu_levels[best].runs()) best++;
     if (c & CPU_CHOICE_BAD_ENV)
-        snprintf(text, sizeof text, "%s=%s is not avx512bf16, avx512, avx2 or portable: CPU backend calls fail", CPU_SIMD_ENV,
-                 cpu_simd_env());
+        snprintf(text, sizeof text, "%s=%s is not avx512bf16, avx512, avx2 or portable: CPU backend calls fail",
+                 CPU_SIMD_ENV, cpu_simd_env());
     else if (c & CPU_CHOICE_FORCED)
         snprintf(text, sizeof text, "%s=%s; this CPU runs up to %s", CPU_SIMD_ENV, cpu_simd_env(),
                  cpu_levels[best].name);
     else
-        snprintf(text, sizeof text, "chosen at run time: the widest of avx512bf16, avx512, avx2, portable that this CPU runs");
+        snprintf(text, sizeof text,
+                 "chosen at run time: the widest of avx512bf16, avx512, avx2, portable that this CPU runs");
     return text;
 }
 

@@ -146,8 +146,7 @@ static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
         const int lo_ok = !v_bad[2 * t], hi_ok = 2 * t + 1 < nk && !v_bad[2 * t + 1];
         const uint16_t *lo = v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + 2 * t, h);
         const uint16_t *hi = hi_ok ? v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + 2 * t + 1, h) : lo;
-        for (int64_t c = 0; c < d; c++)
-            dst[c] = (lo_ok ? lo[c] : 0u) | (hi_ok ? (uint32_t)hi[c] << 16 : 0u);
+        for (int64_t c = 0; c < d; c++) dst[c] = (lo_ok ? lo[c] : 0u) | (hi_ok ? (uint32_t)hi[c] << 16 : 0u);
         for (int64_t c = d; c < w; c++) dst[c] = 0;
     }
     cx->L->kb_bad[h * cx->nkb + kg] = any;
@@ -283,7 +282,8 @@ FA_NOINLINE void fwd_scores_bf16(const uint32_t *panel, const uint32_t *qt, floa
     fa_gemm_bf16(m, ncols, d / 2, panel, la, qt, lb, st, FWD_LDS, FA_UK_SET, NULL, pf);
 }
 
-/* fwd_pv on bf16 pairs: P as pairs of keys (fa_rows_to_bf16_pairs on the transposed tile), V as pair rows at stride ldv words. */
+/* fwd_pv on bf16 pairs: P as pairs of keys (fa_rows_to_bf16_pairs on the transposed tile), V as pair rows at stride ldv
+ * words. */
 FA_NOINLINE void fwd_pv_bf16(const uint32_t *pt, const uint32_t *v, int64_t ldv, float *o, int64_t ldo, int64_t rows,
                              int64_t w, int64_t nk, const float *alpha, fa_prefetch pf) {
     const fa_layout_a la = { 1, FWD_LDS, FA_MR };
@@ -303,8 +303,7 @@ static void fwd_load_qt(const fa_params *p, fwd_scratch *sc, int64_t b, const fa
         for (int64_t i = 0; i < ncols; i++) {
             uint32_t *dst = qt + i / FA_VL * FA_VL * (d / 2) + i % FA_VL;
             const uint16_t *row = i < mrows ? q16 + fa_offset(p, &p->q, b, s->tok_q, i0 + i, h) : NULL;
-            for (int64_t c = 0; c < d / 2; c++)
-                dst[c * FA_VL] = row ? row[2 * c] | (uint32_t)row[2 * c + 1] << 16 : 0u;
+            for (int64_t c = 0; c < d / 2; c++) dst[c * FA_VL] = row ? row[2 * c] | (uint32_t)row[2 * c + 1] << 16 : 0u;
         }
         return;
     }
@@ -380,8 +379,8 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
                                 fa_round_up(nk, FA_MR), ncols - c0, d, pf_v);
                 fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale);
                 fa_rows_to_bf16_pairs(sc->st + c0, FWD_LDS, nk, ncols - c0, (uint32_t *)(sc->st + c0));
-                fwd_pv_bf16((const uint32_t *)(sc->st + c0), (const uint32_t *)vrow, cx->v.stride_seq,
-                            sc->o + c0 * ldo, ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
+                fwd_pv_bf16((const uint32_t *)(sc->st + c0), (const uint32_t *)vrow, cx->v.stride_seq, sc->o + c0 * ldo,
+                            ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
                 continue;
             }
 #endif
