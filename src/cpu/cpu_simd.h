@@ -41,6 +41,7 @@ static inline int64_t fa_ceil_div(int64_t a, int64_t b) {
 
 typedef float fa_vf __attribute__((vector_size(FA_VL * 4)));
 typedef int32_t fa_vi __attribute__((vector_size(FA_VL * 4)));
+typedef uint32_t fa_vu __attribute__((vector_size(FA_VL * 4)));
 /* For loads and stores at any float-aligned address. */
 typedef float fa_vf_u __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
 typedef int32_t fa_vi_u __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
