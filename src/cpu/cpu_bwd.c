@@ -21,6 +21,12 @@
  * converts. C depends only on the shape and the thread count, so the result is bit-identical run to run
  * (deterministic = 1 costs nothing here). Chunks are dispensed largest first, which keeps the threads
  * balanced under a causal mask too.
+ *
+ * bf16 calls at a level with the bf16 dot product (fa_cpu_bf16_products) run the five products on bf16
+ * pairs: Q (unscaled; the scores are scaled in fp32, as the forward scales them, and dK at its store) and dO
+ * as they are for S and dP, and as pairs of query rows for dK and dV; K_j^T, V_j^T as pairs along head_dim,
+ * K_j as pairs of keys for dQ; P and dS, computed in fp32, rounded to bf16 (pairs of query rows for dV and dK,
+ * rows for dQ).
  */
 #include "cpu/cpu_internal.h"
 

@@ -21,6 +21,11 @@
  * tasks, a pass writes the K micro-panels and a packed fp32 copy of V (converted from f16/bf16, rows at a
  * cache-friendly stride). While a product runs, the next one's key-block data is prefetched, so the
  * stream of K and V blocks (more than L2 holds, per head) does not wait on memory.
+ *
+ * bf16 calls at a level with the bf16 dot product (fa_cpu_bf16_products) run both products on bf16 pairs
+ * instead: the K panels and Q^T strips hold pairs along head_dim straight from the inputs (Q unscaled: the
+ * softmax multiplies the scores by softmax_scale in fp32), V is packed as pairs of keys, and P, computed in
+ * fp32 as above, is rounded to bf16 pairs of keys in place in the score tile before the P V product.
  */
 #include "cpu/cpu_internal.h"
 
@@ -33,7 +38,7 @@
 typedef struct fwd_layout {
     int64_t *q_prefix, *k_prefix; /* blocks per sequence, prefix sums (batch + 1 each) */
     float *kt;                    /* K panels: (heads_kv, key blocks, FA_FWD_BC / FA_MR, head_dim, FA_MR) */
-    float *v_packed;              /* V as packed fp32 rows */
+    float *v_packed;              /* V as packed fp32 rows (bf16 products: pair rows, fwd_pack_keys_bf16) */
     uint8_t *v_bad;               /* (heads_kv, key tokens): the V row holds a non-finite value */
     uint8_t *kb_bad;              /* (heads_kv, key blocks): the block holds such a row */
     char *scratch;                /* per thread, scratch_bytes each */

@@ -2,7 +2,8 @@
 /*
  * cpu_simd.h - the SIMD layer of the CPU backend: vector types sized by the target (GCC vector extensions),
  * a vectorised exp and tanh, fp16/bf16 row conversion, and the register-blocked matrix micro-kernel that
- * every product of the forward and backward is built from.
+ * every product of the forward and backward is built from (and, at a level with the bf16 dot product, its
+ * bf16-pair form, which bf16 calls use).
  *
  * Width: 64-byte vectors with AVX-512, 32 with AVX/AVX2, 16 otherwise (the compiler lowers those to
  * whatever the target has, scalars included). The target is the compiler's: one per instruction-set level when
