@@ -107,10 +107,6 @@ static int64_t fwd_key_token(const fa_params *p, int64_t b, const fa_seq *s) {
     return fa_is_varlen(p) ? s->tok_k : b * p->seqlen_k;
 }
 
-/* K panels of key block kg (numbered across the batch) of kv head h, zero past the sequence, and the packed
- * copy of the block's V rows. A V row with a non-finite value is packed as zeros and flagged: inside the P V
- * product its NaN or Inf would reach, through a zero weight, rows that do not see the key (0 * Inf is NaN);
- * the rows that do see it get O = NaN at the end (flashattn.h). */
 #ifdef FA_CPU_BF16
 /* A bf16 row's non-finite values: exponent bits all ones. */
 static int fwd_bf16_row_bad(const uint16_t *row, int64_t n) {
@@ -158,6 +154,10 @@ static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
 }
 #endif
 
+/* K panels of key block kg (numbered across the batch) of kv head h, zero past the sequence, and the packed
+ * copy of the block's V rows. A V row with a non-finite value is packed as zeros and flagged: inside the P V
+ * product its NaN or Inf would reach, through a zero weight, rows that do not see the key (0 * Inf is NaN);
+ * the rows that do see it get O = NaN at the end (flashattn.h). */
 static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
 #ifdef FA_CPU_BF16
     if (fa_cpu_bf16_products(cx->p)) {
@@ -197,9 +197,9 @@ static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
 }
 
 /*
- * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the score
- * modifications (softcap, ALiBi, mask), the running max, P = exp2((S - m) log2 e), the running sum, and the
- * rescale factors alpha of the accumulator.
+ * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the scores times
+ * scale (1 where Q came pre-scaled), the score modifications (softcap, ALiBi, mask), the running max,
+ * P = exp2((S - m) log2 e), the running sum, and the rescale factors alpha of the accumulator.
  */
 static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int64_t nk, int masked, float softcap,
                         float alibi_slope, float scale) {
