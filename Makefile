@@ -104,12 +104,14 @@ endif
 # The CPU kernels. On x86-64 (unless NATIVE=1) every file of src/cpu but cpu_dispatch.c is compiled once per
 # instruction-set level, into $(BUILD)/src/cpu/<level>/, with the level's target flags and -DFA_CPU_ISA=<level>;
 # cpu_dispatch.c, compiled once for the baseline, picks the widest level the processor runs at the first call
-# (FLASHATTN_CPU_SIMD=avx2 or portable forces a narrower one). Its checks of the processor follow these flags:
-# change both together. Elsewhere, and with NATIVE=1, the files are compiled once, for the compiler's target.
-CPU_ISAS               = avx512 avx2 portable
-CPU_ISA_FLAGS_avx512   = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c
-CPU_ISA_FLAGS_avx2     = -mavx2 -mfma -mf16c
-CPU_ISA_FLAGS_portable =
+# (FLASHATTN_CPU_SIMD=avx512, avx2 or portable forces a narrower one). Its checks of the processor follow these
+# flags: change both together. avx512bf16 is avx512 plus the bf16 dot product (vdpbf16ps), which its bf16 calls
+# run their products on. Elsewhere, and with NATIVE=1, the files are compiled once, for the compiler's target.
+CPU_ISAS                 = avx512bf16 avx512 avx2 portable
+CPU_ISA_FLAGS_avx512bf16 = $(CPU_ISA_FLAGS_avx512) -mavx512bf16
+CPU_ISA_FLAGS_avx512     = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c
+CPU_ISA_FLAGS_avx2       = -mavx2 -mfma -mf16c
+CPU_ISA_FLAGS_portable   =
 CPU_X86      := $(findstring x86_64,$(shell $(CC) -dumpmachine 2>/dev/null))
 CPU_DISPATCH := $(if $(and $(filter 0,$(NATIVE)),$(CPU_X86)),1,0)
 ifeq ($(CPU_DISPATCH),1)

@@ -7,8 +7,8 @@ time -- torch-flash (PyTorch's FlashAttention-2), torch-cudnn (cuDNN fused atten
 torch-efficient (memory-efficient kernel) and torch-math (the unfused composite). BF16, the sweep of the
 FlashAttention-2 paper (section 4.1): batch * seqlen = 16k tokens, heads * head_dim = 2048.
 
-CPU (--cpu): PyTorch's CPU SDPA flash kernel, fp32, batch 1, 8 heads, seqlen 2048, head_dim 128, at the
-thread counts given by --threads.
+CPU (--cpu): PyTorch's CPU SDPA flash kernel, fp32 (or --dtype), batch 1, 8 heads, seqlen 2048, head_dim 128,
+at the thread counts given by --threads.
 
 FLOPs as in the paper: forward 4 * seqlen^2 * head_dim * heads * batch, halved when causal; the backward
 counts 2.5x the forward. Times are medians of CUDA-event timed calls after warm-up (triton's do_bench when
@@ -18,6 +18,7 @@ it is installed, the same method otherwise); q, k, v are (batch, heads, seqlen, 
   bench/peer_bench.py --head-dims 128 --seqlens 4096,16384 --causal no --passes fwd
   bench/peer_bench.py --impls flash,cudnn,efficient,math --ceilings --json peers.json
   bench/peer_bench.py --cpu --threads 1,16 --json cpu-peers.json
+  bench/peer_bench.py --cpu --dtype bf16 --threads 1,16
 
 --json writes a list of records {"impl", "head_dim", "causal", "seqlen", "batch", "heads", "pass",
 "tflops", "ms"} (plus "device", and "threads" for --cpu), which `flashattn bench --peers FILE` reads.
@@ -168,12 +169,13 @@ def cpu_sweep(args):
     causals = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
     records = []
     name = cpu_model()
-    print("%7s %6s %12s %12s   (GFLOP/s, torch CPU SDPA flash, fp32, b1 h8 s2048 d128)"
-          % ("threads", "causal", "fwd", "bwd"))
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype or "fp32"]
+    print("%7s %6s %12s %12s   (GFLOP/s, torch CPU SDPA flash, %s, b1 h8 s2048 d128)"
+          % ("threads", "causal", "fwd", "bwd", args.dtype or "fp32"))
     for threads in args.threads:
         torch.set_num_threads(threads)
         for causal in causals:
-            q, k, v = (torch.randn(batch, heads, s, d, dtype=torch.float32, requires_grad=True) for _ in range(3))
+            q, k, v = (torch.randn(batch, heads, s, d, dtype=dtype, requires_grad=True) for _ in range(3))
             gflops = {}
             for p in args.passes:
                 backward = p == "bwd"
@@ -219,7 +221,7 @@ def main():
     ap.add_argument("--passes", type=core.name_list(["fwd", "bwd"]), default=["fwd", "bwd"])
     ap.add_argument("--tokens", type=int, default=16384, help="batch * seqlen (default 16384)")
     ap.add_argument("--hidden", type=int, default=2048, help="heads * head_dim (default 2048)")
-    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16 (--cpu: fp32)")
     ap.add_argument("--warmup-ms", type=float, default=25.0)
     ap.add_argument("--rep-ms", type=float, default=100.0)
     ap.add_argument("--ceilings", action="store_true", help="also measure the bf16 GEMM and copy ceilings")
@@ -236,6 +238,9 @@ def main():
     else:
         if not torch.cuda.is_available():
             sys.exit("peer_bench.py: no CUDA device (use --cpu for the CPU comparison)")
+        args.dtype = args.dtype or "bf16"
+        if args.dtype == "fp32":
+            sys.exit("peer_bench.py: --dtype fp32 is for --cpu")
         prop = torch.cuda.get_device_properties(0)
         print("# %s, %d SMs, torch %s, CUDA %s, cuDNN %s, %s, timer %s"
               % (prop.name, prop.multi_processor_count, torch.__version__, torch.version.cuda,

@@ -5,7 +5,7 @@
 # narrower level, FLASHATTN_CPU_SIMD=<level> must switch to it and the CPU tests must pass there (make test-c
 # has run them at the widest); a value that names no level must make CPU calls fail, naming the variable. A
 # build without the run-time choice (NATIVE=1, not x86-64) has one level: it is reported and nothing else runs.
-# The objects outside the AVX-512 and AVX2 levels are checked for instructions older x86-64 processors lack.
+# The objects of the levels below the widest are checked for instructions the processors they are for lack.
 # One PASS/FAIL line per check, then "cpu-simd: N passed, M failed".
 #   tests/cpu_simd.sh --widest   prints the widest level alone (make test-wheel compares the wheel's with it).
 
@@ -16,6 +16,7 @@ has() { for f in "$@"; do case $flags in *" $f "*) ;; *) return 1 ;; esac; done;
 levels=portable
 has avx2 fma f16c && levels="avx2 $levels"
 has avx2 fma f16c avx512f avx512bw avx512dq avx512vl && levels="avx512 $levels"
+has avx2 fma f16c avx512f avx512bw avx512dq avx512vl avx512_bf16 && levels="avx512bf16 $levels"
 widest=${levels%% *}
 if [ "$1" = --widest ]; then
     echo "$widest"
@@ -62,15 +63,21 @@ for level in ${levels#"$widest"}; do
     done
 done
 
-if [ "$widest" != avx512 ]; then
-    case $(simd_line avx512) in
-    "$widest "*) ok "FLASHATTN_CPU_SIMD=avx512 on a CPU without it gives $widest" ;;
-    *) bad "FLASHATTN_CPU_SIMD=avx512 on a CPU without it: info says '$(simd_line avx512)'" ;;
+for level in avx512bf16 avx512; do
+    case " $levels " in
+    *" $level "*) ;;
+    *)
+        case $(simd_line $level) in
+        "$widest "*) ok "FLASHATTN_CPU_SIMD=$level on a CPU without it gives $widest" ;;
+        *) bad "FLASHATTN_CPU_SIMD=$level on a CPU without it: info says '$(simd_line $level)'" ;;
+        esac
+        ;;
     esac
-fi
+done
 
 # What runs before the choice, or on any x86-64, holds no AVX instruction (VEX and EVEX mnemonics start with v),
-# and the AVX2 level no AVX-512 register: on an older processor they would stop the program (SIGILL).
+# the AVX2 level no AVX-512 register, and the AVX-512 level no bf16 dot product (vdpbf16ps, vcvtne2ps2bf16,
+# vcvtneps2bf16): on an older processor they would stop the program (SIGILL).
 if command -v objdump > /dev/null; then
     insns() { objdump -d --no-show-raw-insn "$1" | awk -F '\t' 'NF >= 2 { print $2 }'; }
     for o in "$build"/src/*.o "$build"/src/reference/*.o "$build"/src/cpu/dispatch/*.o "$build"/src/cpu/portable/*.o; do
@@ -81,6 +88,12 @@ if command -v objdump > /dev/null; then
         n=$(insns "$o" | grep -Ec 'zmm|%k[0-7]')
         if [ "$n" -eq 0 ]; then ok "${o#"$build"/}: no AVX-512 register"; else bad "${o#"$build"/}: $n AVX-512 uses"; fi
     done
+    for o in "$build"/src/cpu/avx512/*.o; do
+        n=$(insns "$o" | grep -Ec 'bf16')
+        if [ "$n" -eq 0 ]; then ok "${o#"$build"/}: no bf16 instruction"; else bad "${o#"$build"/}: $n bf16 instructions"; fi
+    done
+    n=$(insns "$build"/src/cpu/avx512bf16/cpu_fwd.o | grep -c vdpbf16ps)
+    if [ "$n" -gt 0 ]; then ok "src/cpu/avx512bf16/cpu_fwd.o: $n vdpbf16ps"; else bad "src/cpu/avx512bf16/cpu_fwd.o: no vdpbf16ps"; fi
 else
     echo "skip  the instruction checks of the objects (no objdump)"
 fi

@@ -3,7 +3,8 @@
  * test_nonfinite.c - the non-finite rules of flashattn.h on the CPU and reference backends: a NaN or +Inf in
  * a row's visible scores, a non-finite value in a V row it sees, scores that overflow fp32, rows left empty
  * by the mask, NaN or Inf ALiBi slopes; forward and backward. With a GPU, the same cases on the CUDA
- * backend (the FA2 kernels, and the FA3 forward on compute capability 9.0) and the naive backend, in bf16.
+ * backend (the FA2 kernels, and the FA3 forward on compute capability 9.0) and the naive backend, in bf16. The
+ * CPU backend runs them in bf16 too (on a processor with the bf16 dot product, its bf16 products).
  *
  * Each case runs a clean problem and a copy with one value made non-finite, and checks every output row:
  * rows the value cannot reach must come out bit-identical to the clean run, the rows it reaches as the
@@ -49,13 +50,15 @@ typedef struct target {
     fa_backend backend;
     fa_kernel kernel;
     int device; /* device pointers, bf16 */
+    int bf16;   /* host arrays rounded to bf16 */
 } target;
 
-static const target host_targets[2] = { { "cpu", FA_BACKEND_CPU, FA_KERNEL_AUTO, 0 },
-                                        { "reference", FA_BACKEND_REFERENCE, FA_KERNEL_AUTO, 0 } };
-static const target device_targets[3] = { { "cuda fa2", FA_BACKEND_CUDA, FA_KERNEL_FA2, 1 },
-                                          { "cuda fa3", FA_BACKEND_CUDA, FA_KERNEL_FA3, 1 },
-                                          { "naive", FA_BACKEND_NAIVE, FA_KERNEL_AUTO, 1 } };
+static const target host_targets[3] = { { "cpu", FA_BACKEND_CPU, FA_KERNEL_AUTO, 0, 0 },
+                                        { "cpu bf16", FA_BACKEND_CPU, FA_KERNEL_AUTO, 0, 1 },
+                                        { "reference", FA_BACKEND_REFERENCE, FA_KERNEL_AUTO, 0, 0 } };
+static const target device_targets[3] = { { "cuda fa2", FA_BACKEND_CUDA, FA_KERNEL_FA2, 1, 1 },
+                                          { "cuda fa3", FA_BACKEND_CUDA, FA_KERNEL_FA3, 1, 1 },
+                                          { "naive", FA_BACKEND_NAIVE, FA_KERNEL_AUTO, 1, 1 } };
 
 static void setup(prob *x, int causal) {
     rng = 88172645463325252ull;
@@ -88,8 +91,6 @@ static fa_exec exec_for(const target *t) {
     return e;
 }
 
-#ifdef FA_WITH_CUDA
-/* The device run: the host arrays rounded to bf16, copied in, the outputs copied back as floats. */
 static uint16_t to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -102,6 +103,33 @@ static float from_bf16(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
+
+/* The host bf16 run: the arrays rounded to bf16 into host buffers, the outputs (poisoned with a large finite
+ * value first) converted back. */
+static uint16_t host_buf[8][NQ]; /* q k v dout, o dq dk dv */
+static fa_status run_host_bf16(prob *x, const target *t, int backward) {
+    const float *in[4] = { x->q, x->k, x->v, x->dout };
+    float *out[4] = { x->o, x->dq, x->dk, x->dv };
+    for (int i = 0; i < 4; i++)
+        for (size_t j = 0; j < NQ; j++) host_buf[i][j] = to_bf16(in[i][j]);
+    memset(host_buf[4], 0x7f, sizeof host_buf[0] * 4);
+    fa_params p = x->p;
+    p.dtype = FA_BF16;
+    fa_tensor *views[8] = { &p.q, &p.k, &p.v, &p.dout, &p.o, &p.dq, &p.dk, &p.dv };
+    for (int i = 0; i < 8; i++) views[i]->data = host_buf[i];
+    fa_exec e = exec_for(t);
+    fa_status st = fa_fwd(&p, &e);
+    if (st == FA_OK && backward) st = fa_bwd(&p, &e);
+    /* after a refused call only what was written (not the poison) reaches the float arrays, which the checks
+     * compare with what they held */
+    for (int i = 0; i < (backward ? 4 : 1); i++)
+        for (size_t j = 0; j < NQ; j++)
+            if (st == FA_OK || host_buf[4 + i][j] != 0x7f7f) out[i][j] = from_bf16(host_buf[4 + i][j]);
+    return st;
+}
+
+#ifdef FA_WITH_CUDA
+/* The device run: the host arrays rounded to bf16, copied in, the outputs copied back as floats. */
 
 static uint16_t *dev_buf[8], host_bf16[NQ]; /* q k v dout, o dq dk dv */
 static float *dev_lse, *dev_slopes;
@@ -161,6 +189,7 @@ static fa_status run_device(prob *x, const target *t, int backward) {
 
 static fa_status run(prob *x, const target *t, int backward) {
     if (t->device) return run_device(x, t, backward);
+    if (t->bf16) return run_host_bf16(x, t, backward);
     fa_exec e = exec_for(t);
     fa_status st = fa_fwd(&x->p, &e);
     if (st == FA_OK && backward) st = fa_bwd(&x->p, &e);
@@ -467,7 +496,7 @@ static void run_target(const target *t) {
 
 int main(int argc, char **argv) {
     th_init(argc, argv, NULL);
-    for (int i = 0; i < 2; i++) run_target(&host_targets[i]);
+    for (int i = 0; i < 3; i++) run_target(&host_targets[i]);
     for (int i = 0; i < 3; i++)
         if (device_target_runs(&device_targets[i])) run_target(&device_targets[i]);
     return th_finish();

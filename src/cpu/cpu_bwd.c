@@ -21,6 +21,12 @@
  * converts. C depends only on the shape and the thread count, so the result is bit-identical run to run
  * (deterministic = 1 costs nothing here). Chunks are dispensed largest first, which keeps the threads
  * balanced under a causal mask too.
+ *
+ * bf16 calls at a level with the bf16 dot product (fa_cpu_bf16_products) run the five products on bf16
+ * pairs: Q (unscaled; the scores are scaled in fp32, as the forward scales them, and dK at its store) and dO
+ * as they are for S and dP, and as pairs of query rows for dK and dV; K_j^T, V_j^T as pairs along head_dim,
+ * K_j as pairs of keys for dQ; P and dS, computed in fp32, rounded to bf16 (pairs of query rows for dV and dK,
+ * rows for dQ).
  */
 #include "cpu/cpu_internal.h"
 
@@ -32,6 +38,7 @@ typedef struct bwd_layout {
     float *delta;                /* D: (heads_q, tokens_q) */
     float *lse;                  /* the LSE, +inf for rows that see no key (so P = 0): (heads_q, tokens_q) */
     float *q_scaled, *do_packed; /* packed fp32 copies; Q times softmax_scale */
+    float *q_pairs, *do_pairs;   /* bf16 products: Q and dO as pairs of rows (below) */
     float *dq_acc;               /* (chunks, heads_q, query blocks, FA_BWD_BR, row width) */
     uint8_t *dq_touched;         /* (chunks, heads_q, query blocks) */
     char *scratch;
@@ -45,6 +52,7 @@ typedef struct bwd_scratch {
     float *dk, *dv;  /* (FA_BWD_BC, row stride) */
     float *s, *ds;   /* (FA_BWD_BR, BWD_LDS): S then P; dP then dS */
     float *q, *dout; /* (FA_BWD_BR, row stride): zero-padded copies of a partial query block */
+    uint32_t *dsp;   /* bf16 products: (FA_BWD_BR / 2, BWD_LDS) words, dS as pairs of query rows */
 } bwd_scratch;
 
 static bwd_scratch bwd_scratch_carve(const fa_params *p, fa_arena *a) {
@@ -59,6 +67,7 @@ static bwd_scratch bwd_scratch_carve(const fa_params *p, fa_arena *a) {
     s.ds = fa_arena_take(a, sizeof(float) * FA_BWD_BR * BWD_LDS);
     s.q = fa_arena_take(a, sizeof(float) * FA_BWD_BR * fa_cpu_row_stride(p));
     s.dout = fa_arena_take(a, sizeof(float) * FA_BWD_BR * fa_cpu_row_stride(p));
+    s.dsp = fa_arena_take(a, fa_cpu_bf16_products(p) ? sizeof(uint32_t) * FA_BWD_BR / 2 * BWD_LDS : 0);
     return s;
 }
 
@@ -82,6 +91,9 @@ static size_t bwd_layout_carve(const fa_params *p, int threads, char *base, bwd_
     L->lse = fa_arena_take(&a, sizeof(float) * p->heads_q * tq);
     L->q_scaled = fa_arena_take(&a, sizeof(float) * p->heads_q * tq * ld);
     L->do_packed = fa_arena_take(&a, sizeof(float) * p->heads_q * tq * ld);
+    const int64_t pairs = fa_cpu_bf16_products(p) ? p->heads_q * tq * ld : 0;
+    L->q_pairs = fa_arena_take(&a, sizeof(float) * pairs);
+    L->do_pairs = fa_arena_take(&a, sizeof(float) * pairs);
     L->dq_acc = fa_arena_take(&a, sizeof(float) * L->chunks * p->heads_q * L->nqb_max * FA_BWD_BR * w);
     L->dq_touched = fa_arena_take(&a, (size_t)(L->chunks * p->heads_q * L->nqb_max));
     fa_arena scratch = { NULL, 0 };
@@ -100,6 +112,7 @@ typedef struct bwd_ctx {
     const fa_params *p;
     const bwd_layout *L;
     fa_tensor q, dout; /* views of the packed copies */
+    fa_tensor q_pairs, do_pairs;
     int64_t group, nqb, tq;
 } bwd_ctx;
 
@@ -132,6 +145,7 @@ static void bwd_softmax_grad(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, int6
     const fa_vf log2e = fa_vset1(FA_LOG2E);
     const fa_vf ninf = fa_vset1(-__builtin_inff());
     const fa_vi jbase = fa_viota() + (int32_t)j0;
+    const fa_vf sv = fa_vset1(fa_cpu_bf16_products(p) ? p->softmax_scale : 1.0f); /* scores come unscaled */
     for (int64_t r = 0; r < rows; r++) {
         float *srow = sc->s + r * BWD_LDS, *dsrow = sc->ds + r * BWD_LDS;
         if (r >= mrows) {
@@ -143,7 +157,7 @@ static void bwd_softmax_grad(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, int6
         const fa_vf lse = fa_vset1(cx->L->lse[ix]), dlt = fa_vset1(cx->L->delta[ix]);
         if (full && cap == 0.0f && slope == 0.0f) {
             for (int64_t c = 0; c < ncols; c += FA_VL) {
-                fa_vf pr = fa_vexp2_nonpos((fa_vload(srow + c) - lse) * log2e);
+                fa_vf pr = fa_vexp2_nonpos((fa_vload(srow + c) * sv - lse) * log2e);
                 fa_vstore(srow + c, pr);
                 fa_vstore(dsrow + c, pr * (fa_vload(dsrow + c) - dlt));
             }
@@ -155,7 +169,7 @@ static void bwd_softmax_grad(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, int6
         const fa_vi lov = fa_viset1((int32_t)lo), hiv = fa_viset1((int32_t)hi);
         const float qpos = (float)(i0 + r + s->len_k - s->len_q);
         for (int64_t c = 0; c < ncols; c += FA_VL) {
-            fa_vf x = fa_vload(srow + c), dcap = fa_vset1(1.0f);
+            fa_vf x = fa_vload(srow + c) * sv, dcap = fa_vset1(1.0f);
             if (cap > 0.0f) { /* the forward's operations, in the same order */
                 fa_vf t = fa_vtanh(x * inv_cap);
                 x = t * cap;
@@ -203,6 +217,84 @@ FA_NOINLINE void bwd_query_grad(int64_t rows, int64_t w, int64_t nk, const float
         fa_gemm(rows, w, nk, ds, la, k, lb, dq, w, FA_UK_ADD, NULL, pf);
 }
 
+#ifdef FA_CPU_BF16
+/* The products on bf16 pairs (fa_gemm_bf16), with the fp32 versions' shapes; strides in words. */
+
+/* S = Q K^T or dP = dO V^T: rows of head_dim / 2 pairs, the panel in strips of pairs. */
+FA_NOINLINE void bwd_scores_bf16(int64_t rows, int64_t ncols, int64_t d, const uint32_t *q, int64_t ldq,
+                                 const uint32_t *panel, float *out, fa_prefetch pf) {
+    const fa_layout_a la = { ldq, 1, FA_MR * ldq };
+    const fa_layout_b lb = { FA_VL, FA_VL * d / 2 };
+    fa_gemm_bf16(rows, ncols, d / 2, q, la, panel, lb, out, BWD_LDS, FA_UK_SET, NULL, pf);
+}
+
+/* dV (+)= P^T dO or dK (+)= dS^T Q: P or dS as pairs of query rows (tile rows of BWD_LDS words), dO or Q as
+ * pairs of rows at stride ld. */
+FA_NOINLINE void bwd_key_grad_bf16(int64_t krows, int64_t w, int64_t mrows, const uint32_t *p, const uint32_t *rows,
+                                   int64_t ld, float *acc, int64_t ldacc, int first, fa_prefetch pf) {
+    const fa_layout_a la = { 1, BWD_LDS, FA_MR };
+    const fa_layout_b lb = { ld, FA_VL };
+    const int64_t kp = fa_ceil_div(mrows, 2);
+    if (first)
+        fa_gemm_bf16(krows, w, kp, p, la, rows, lb, acc, ldacc, FA_UK_SET, NULL, pf);
+    else
+        fa_gemm_bf16(krows, w, kp, p, la, rows, lb, acc, ldacc, FA_UK_ADD, NULL, pf);
+}
+
+/* dQ (+)= dS K: dS rows in bf16 (tile rows of BWD_LDS words), K as pairs of keys at stride ldk. */
+FA_NOINLINE void bwd_query_grad_bf16(int64_t rows, int64_t w, int64_t nk, const uint32_t *ds, const uint32_t *k,
+                                     int64_t ldk, float *dq, int first, fa_prefetch pf) {
+    const fa_layout_a la = { BWD_LDS, 1, FA_MR * BWD_LDS };
+    const fa_layout_b lb = { ldk, FA_VL };
+    const int64_t kp = fa_ceil_div(nk, 2);
+    if (first)
+        fa_gemm_bf16(rows, w, kp, ds, la, k, lb, dq, w, FA_UK_SET, NULL, pf);
+    else
+        fa_gemm_bf16(rows, w, kp, ds, la, k, lb, dq, w, FA_UK_ADD, NULL, pf);
+}
+
+/* Rows of a tile (BWD_LDS floats each, n a multiple of FA_VL) rounded to bf16 in place, each at the start of
+ * its own row: the 16-bit values of a vector land on floats already read. */
+static void bwd_tile_to_bf16(float *t, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = t + r * BWD_LDS;
+        for (int64_t c = 0; c < n; c += FA_VL)
+            _mm256_storeu_si256((__m256i *)((uint16_t *)row + c), (__m256i)_mm512_cvtneps_pbh(fa_vload(row + c)));
+    }
+}
+
+/* A bf16 row as a word: elements 2t and 2t + 1. */
+static inline uint32_t bwd_pair(const uint16_t *row, int64_t t) {
+    return row[2 * t] | (uint32_t)row[2 * t + 1] << 16;
+}
+
+/* bwd_pack_key_block for the bf16 products: the K_j^T, V_j^T panels in strips of pairs along head_dim, and K_j
+ * as pairs of keys (pair t in row t of the K tile, every column up to the row width; zero past the sequence). */
+static void bwd_pack_key_block_bf16(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, const fa_seq *s, int64_t kvh,
+                                    int64_t j0, int64_t nk) {
+    const fa_params *p = cx->p;
+    const int64_t d = p->head_dim, dp = d / 2, w = fa_cpu_row_width(p), ld = fa_cpu_row_stride(p);
+    const uint16_t *k16 = p->k.data, *v16 = p->v.data;
+    uint32_t *kt = (uint32_t *)sc->kt, *vt = (uint32_t *)sc->vt, *kp = (uint32_t *)sc->k;
+    for (int64_t j = 0; j < FA_BWD_BC; j++) {
+        const int64_t strip = j / FA_VL * FA_VL * dp + j % FA_VL;
+        const uint16_t *krow = j < nk ? k16 + fa_offset(p, &p->k, b, s->tok_k, j0 + j, kvh) : NULL;
+        const uint16_t *vrow = j < nk ? v16 + fa_offset(p, &p->v, b, s->tok_k, j0 + j, kvh) : NULL;
+        for (int64_t c = 0; c < dp; c++) {
+            kt[strip + c * FA_VL] = krow ? bwd_pair(krow, c) : 0u;
+            vt[strip + c * FA_VL] = vrow ? bwd_pair(vrow, c) : 0u;
+        }
+    }
+    for (int64_t t = 0; 2 * t < nk; t++) {
+        const uint16_t *lo = k16 + fa_offset(p, &p->k, b, s->tok_k, j0 + 2 * t, kvh);
+        const uint16_t *hi = 2 * t + 1 < nk ? k16 + fa_offset(p, &p->k, b, s->tok_k, j0 + 2 * t + 1, kvh) : NULL;
+        uint32_t *dst = kp + t * ld;
+        for (int64_t c = 0; c < d; c++) dst[c] = lo[c] | (hi ? (uint32_t)hi[c] << 16 : 0u);
+        for (int64_t c = d; c < w; c++) dst[c] = 0;
+    }
+}
+#endif
+
 /* K_j (rows, for dQ) and the K_j^T, V_j^T panels, converted to fp32; panels zero past the sequence. */
 static void bwd_pack_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t b, const fa_seq *s, int64_t kvh, int64_t j0,
                                int64_t nk) {
@@ -240,7 +332,11 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
     const int64_t iend = fa_min64(s.len_q, p->window_left < 0 ? s.len_q : j0 + nk - off + p->window_left);
     int first = 1;
 
-    if (ibeg < iend) bwd_pack_key_block(cx, sc, b, &s, kvh, j0, nk);
+    const int bf16 = fa_cpu_bf16_products(p);
+#ifdef FA_CPU_BF16
+    if (ibeg < iend && bf16) bwd_pack_key_block_bf16(cx, sc, b, &s, kvh, j0, nk);
+#endif
+    if (ibeg < iend && !bf16) bwd_pack_key_block(cx, sc, b, &s, kvh, j0, nk);
     for (int64_t h = kvh * cx->group; h < (kvh + 1) * cx->group && ibeg < iend; h++) {
         const int64_t ib_end = fa_ceil_div(iend, FA_BWD_BR);
         for (int64_t ib = ibeg / FA_BWD_BR; ib < ib_end; ib++) {
@@ -271,6 +367,28 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
                     pf_dq = fa_prefetch_range(dq + FA_BWD_BR * w, (int64_t)sizeof(float) * n_next * w);
             }
 
+#ifdef FA_CPU_BF16
+            if (bf16) {
+                /* S and dP from the pairs, P and dS in fp32, then P and dS rounded to bf16 for the products: P as
+                 * pairs of query rows in place, dS as such pairs in dsp and as rows in place */
+                const uint32_t *qp = (const uint32_t *)cx->q_pairs.data + fa_offset(p, &cx->q_pairs, b, s.tok_q, i0, h);
+                const uint32_t *dop =
+                    (const uint32_t *)cx->do_pairs.data + fa_offset(p, &cx->do_pairs, b, s.tok_q, i0, h);
+                bwd_scores_bf16(rows, ncols, d, (const uint32_t *)q, ldq, (const uint32_t *)sc->kt, sc->s, pf_q);
+                bwd_scores_bf16(rows, ncols, d, (const uint32_t *)dO, ldo, (const uint32_t *)sc->vt, sc->ds, pf_do);
+                bwd_softmax_grad(cx, sc, b, h, &s, i0, mrows, rows, j0, nk, ncols, full);
+                fa_rows_to_bf16_pairs(sc->s, BWD_LDS, mrows, ncols, (uint32_t *)sc->s);
+                fa_rows_to_bf16_pairs(sc->ds, BWD_LDS, mrows, ncols, sc->dsp);
+                bwd_tile_to_bf16(sc->ds, rows, ncols);
+                bwd_key_grad_bf16(krows, w, mrows, (const uint32_t *)sc->s, dop, ld, sc->dv, ld, first, pf_dq);
+                bwd_key_grad_bf16(krows, w, mrows, sc->dsp, qp, ld, sc->dk, ld, first, fa_prefetch_range(NULL, 0));
+                first = 0;
+                bwd_query_grad_bf16(rows, w, nk, (const uint32_t *)sc->ds, (const uint32_t *)sc->k, ld, dq,
+                                    !L->dq_touched[slot], fa_prefetch_range(NULL, 0));
+                L->dq_touched[slot] = 1;
+                continue;
+            }
+#endif
             bwd_scores(rows, ncols, d, q, ldq, sc->kt, sc->s, pf_q);
             bwd_scores(rows, ncols, d, dO, ldo, sc->vt, sc->ds, pf_do);
             bwd_softmax_grad(cx, sc, b, h, &s, i0, mrows, rows, j0, nk, ncols, full);
@@ -283,6 +401,7 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
         }
     }
 
+    const float dk_mul = bf16 ? p->softmax_scale : 1.0f; /* the bf16 products' dK is of the unscaled Q */
     for (int64_t j = 0; j < nk; j++) {
         const int64_t ko = fa_offset(p, &p->dk, b, s.tok_k, j0 + j, kvh);
         const int64_t vo = fa_offset(p, &p->dv, b, s.tok_k, j0 + j, kvh);
@@ -290,7 +409,7 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
             fa_cpu_store_zero_row(p->dk.data, p->dtype, ko, d);
             fa_cpu_store_zero_row(p->dv.data, p->dtype, vo, d);
         } else {
-            fa_cpu_store_row(p->dk.data, p->dtype, ko, d, sc->dk + j * ld, 1.0f);
+            fa_cpu_store_row(p->dk.data, p->dtype, ko, d, sc->dk + j * ld, dk_mul);
             fa_cpu_store_row(p->dv.data, p->dtype, vo, d, sc->dv + j * ld, 1.0f);
         }
     }
@@ -317,6 +436,46 @@ static void bwd_prepare_rows(const bwd_ctx *cx, int64_t b, const fa_seq *s, int6
         cx->L->lse[ix] = lse == -__builtin_inff() ? __builtin_inff() : lse;
     }
 }
+
+#ifdef FA_CPU_BF16
+/* bwd_prepare_rows for the bf16 products: Q (unscaled) and dO rows copied as they are (pairs along head_dim),
+ * and as pairs of rows of the query block that starts at r0 (pair t in row r0 + t of q_pairs and do_pairs,
+ * every column up to the row width). D in the order and rounding of the dP product: where O equals a row of
+ * V, D equals that key's dP exactly (as in the fp32 path). */
+static void bwd_prepare_rows_bf16(const bwd_ctx *cx, int64_t b, const fa_seq *s, int64_t r0, int64_t r1, int64_t h) {
+    const fa_params *p = cx->p;
+    const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
+    const uint16_t *q16 = p->q.data, *do16 = p->dout.data, *o16 = p->o.data;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *qrow = q16 + fa_offset(p, &p->q, b, s->tok_q, r, h);
+        const uint16_t *drow = do16 + fa_offset(p, &p->dout, b, s->tok_q, r, h);
+        const uint16_t *orow = o16 + fa_offset(p, &p->o, b, s->tok_q, r, h);
+        memcpy((float *)cx->q.data + fa_offset(p, &cx->q, b, s->tok_q, r, h), qrow, sizeof(uint16_t) * d);
+        memcpy((float *)cx->dout.data + fa_offset(p, &cx->dout, b, s->tok_q, r, h), drow, sizeof(uint16_t) * d);
+        __m128 acc = _mm_setzero_ps();
+        for (int64_t t = 0; t < d / 2; t++)
+            acc = _mm_dpbf16_ps(acc, (__m128bh)_mm_set1_epi32((int)bwd_pair(drow, t)),
+                                (__m128bh)_mm_set1_epi32((int)bwd_pair(orow, t)));
+        const int64_t ix = h * cx->tq + (fa_is_varlen(p) ? s->tok_q : b * p->seqlen_q) + r;
+        const float lse = p->lse[fa_lse_index(p, b, s->tok_q, r, h)];
+        cx->L->delta[ix] = _mm_cvtss_f32(acc);
+        cx->L->lse[ix] = lse == -__builtin_inff() ? __builtin_inff() : lse;
+    }
+    const fa_tensor *src[2] = { &p->q, &p->dout };
+    const fa_tensor *dst[2] = { &cx->q_pairs, &cx->do_pairs };
+    for (int x = 0; x < 2; x++) {
+        const uint16_t *base = src[x]->data;
+        for (int64_t t = 0; r0 + 2 * t < r1; t++) {
+            const uint16_t *lo = base + fa_offset(p, src[x], b, s->tok_q, r0 + 2 * t, h);
+            const uint16_t *hi =
+                r0 + 2 * t + 1 < r1 ? base + fa_offset(p, src[x], b, s->tok_q, r0 + 2 * t + 1, h) : NULL;
+            uint32_t *row = (uint32_t *)dst[x]->data + fa_offset(p, dst[x], b, s->tok_q, r0 + t, h);
+            for (int64_t c = 0; c < d; c++) row[c] = lo[c] | (hi ? (uint32_t)hi[c] << 16 : 0u);
+            for (int64_t c = d; c < w; c++) row[c] = 0;
+        }
+    }
+}
+#endif
 
 /* dQ of one query block: the chunks' buffers added in chunk order, converted and stored. */
 static void bwd_store_dq(const bwd_ctx *cx, int64_t h, int64_t qg) {
@@ -370,6 +529,8 @@ fa_status fa_cpu_bwd(const fa_params *p, const fa_exec *x) {
     cx.tq = fa_cpu_tokens(p, 0);
     cx.q = fa_cpu_packed_view(p, L.q_scaled, 0);
     cx.dout = fa_cpu_packed_view(p, L.do_packed, 0);
+    cx.q_pairs = fa_cpu_packed_view(p, L.q_pairs, 0);
+    cx.do_pairs = fa_cpu_packed_view(p, L.do_pairs, 0);
     memset(L.dq_touched, 0, (size_t)(L.chunks * p->heads_q * L.nqb_max));
 
     const int64_t bh_kv = (int64_t)p->batch * p->heads_kv;
@@ -388,6 +549,12 @@ fa_status fa_cpu_bwd(const fa_params *p, const fa_exec *x) {
             const int64_t h = t / cx.nqb, qg = t % cx.nqb, b = fa_cpu_block_owner(L.q_prefix, p->batch, qg);
             const fa_seq s = fa_seq_get(p, b);
             const int64_t i0 = (qg - L.q_prefix[b]) * FA_BWD_BR;
+#ifdef FA_CPU_BF16
+            if (fa_cpu_bf16_products(p)) {
+                bwd_prepare_rows_bf16(&cx, b, &s, i0, fa_min64(s.len_q, i0 + FA_BWD_BR), h);
+                continue;
+            }
+#endif
             bwd_prepare_rows(&cx, b, &s, i0, fa_min64(s.len_q, i0 + FA_BWD_BR), h);
         }
 #ifdef _OPENMP

@@ -163,9 +163,17 @@ void fa_cpu_store_row(void *base, fa_dtype t, int64_t off, int64_t n, const floa
         for (; c < n; c++) dst[c] = src[c] * mul;
         return;
     }
-    case FA_BF16: {
+    case FA_BF16: { /* fa_f32_to_bf16, a vector at a time */
         uint16_t *dst = (uint16_t *)base + off;
-        for (int64_t c = 0; c < n; c++) dst[c] = fa_f32_to_bf16(src[c] * mul);
+        int64_t c = 0;
+        for (; c + FA_VL <= n; c += FA_VL) {
+            fa_vi u = (fa_vi)(fa_vload(src + c) * mul);
+            fa_vi nan = (u & 0x7fffffff) > 0x7f800000;
+            fa_vi r = (fa_vi)((fa_vu)(u + 0x7fff + ((u >> 16) & 1)) >> 16);
+            r = (nan & (((fa_vi)((fa_vu)u >> 16)) | 0x40)) | (~nan & r);
+            for (int l = 0; l < FA_VL; l++) dst[c + l] = (uint16_t)r[l];
+        }
+        for (; c < n; c++) dst[c] = fa_f32_to_bf16(src[c] * mul);
         return;
     }
     case FA_F16: {

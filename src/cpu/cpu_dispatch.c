@@ -2,12 +2,12 @@
 /*
  * cpu_dispatch.c - the CPU backend's entry points, each passed on to the kernels of one instruction-set level.
  *
- * On x86-64 the Makefile compiles the other files of src/cpu once per level (AVX-512, AVX2 + FMA, and the
- * compiler's baseline), each time with that level's target flags and -DFA_CPU_ISA=<level>, which gives the
- * level's functions its name as a suffix (cpu_internal.h); it compiles this file once, for the baseline, with
- * -DFA_CPU_DISPATCH. The first call picks the widest level the processor runs, or a narrower one named by
- * FLASHATTN_CPU_SIMD, and every later call of the process uses the same one: a workspace sized under one level
- * must fit the call that uses it (the vector width sets the row padding).
+ * On x86-64 the Makefile compiles the other files of src/cpu once per level (AVX-512 with the bf16 dot product,
+ * AVX-512, AVX2 + FMA, and the compiler's baseline), each time with that level's target flags and -DFA_CPU_ISA=<level>,
+ * which gives the level's functions its name as a suffix (cpu_internal.h); it compiles this file once, for the
+ * baseline, with -DFA_CPU_DISPATCH. The first call picks the widest level the processor runs, or a narrower one named
+ * by FLASHATTN_CPU_SIMD, and every later call of the process uses the same one: a workspace sized under one level must
+ * fit the call that uses it (the vector width sets the row padding).
  *
  * A build without FA_CPU_DISPATCH (NATIVE=1, another architecture, the sources compiled by hand) holds one
  * level, the compiler's: the kernels keep their plain names and this file only names that level.
@@ -27,6 +27,7 @@
     fa_status fa_cpu_bwd_##isa(const fa_params *p, const fa_exec *x);                                      \
     size_t fa_cpu_kvcache_workspace_size_##isa(const fa_params *p, const fa_kvcache *kv, int num_threads); \
     fa_status fa_cpu_fwd_kvcache_##isa(const fa_params *p, const fa_kvcache *kv, const fa_exec *x);
+CPU_LEVEL_DECLARE(avx512bf16)
 CPU_LEVEL_DECLARE(avx512)
 CPU_LEVEL_DECLARE(avx2)
 CPU_LEVEL_DECLARE(portable)
@@ -44,6 +45,11 @@ static int cpu_runs_avx2(void) {
 static int cpu_runs_avx512(void) {
     return cpu_runs_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+/* AVX512_BF16 is CPUID leaf 7, sub-leaf 1, EAX bit 5 (read directly for the same reason as F16C). */
+static int cpu_runs_avx512bf16(void) {
+    unsigned a, b, c, d;
+    return cpu_runs_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
 static int cpu_runs_portable(void) {
     return 1;
@@ -67,7 +73,8 @@ typedef struct cpu_level {
         .fwd_kvcache = fa_cpu_fwd_kvcache_##isa                                                                       \
     }
 /* Widest first; the last runs everywhere. */
-static const cpu_level cpu_levels[] = { CPU_LEVEL(avx512), CPU_LEVEL(avx2), CPU_LEVEL(portable) };
+static const cpu_level cpu_levels[] = { CPU_LEVEL(avx512bf16), CPU_LEVEL(avx512), CPU_LEVEL(avx2),
+                                        CPU_LEVEL(portable) };
 #define CPU_LEVELS ((int)(sizeof cpu_levels / sizeof cpu_levels[0]))
 
 #define CPU_SIMD_ENV "FLASHATTN_CPU_SIMD"
@@ -110,7 +117,8 @@ static const char *cpu_simd_env(void) {
 }
 
 static fa_status cpu_bad_env(void) {
-    return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s is not avx512, avx2 or portable", CPU_SIMD_ENV, cpu_simd_env());
+    return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s is not avx512bf16, avx512, avx2 or portable", CPU_SIMD_ENV,
+                   cpu_simd_env());
 }
 
 size_t fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward) {
@@ -146,20 +154,23 @@ const char *fa_cpu_simd_choice(void) {
     int best = 0;
     while (!cpu_levels[best].runs()) best++;
     if (c & CPU_CHOICE_BAD_ENV)
-        snprintf(text, sizeof text, "%s=%s is not avx512, avx2 or portable: CPU backend calls fail", CPU_SIMD_ENV,
-                 cpu_simd_env());
+        snprintf(text, sizeof text, "%s=%s is not avx512bf16, avx512, avx2 or portable: CPU backend calls fail",
+                 CPU_SIMD_ENV, cpu_simd_env());
     else if (c & CPU_CHOICE_FORCED)
         snprintf(text, sizeof text, "%s=%s; this CPU runs up to %s", CPU_SIMD_ENV, cpu_simd_env(),
                  cpu_levels[best].name);
     else
-        snprintf(text, sizeof text, "chosen at run time: the widest of avx512, avx2, portable that this CPU runs");
+        snprintf(text, sizeof text,
+                 "chosen at run time: the widest of avx512bf16, avx512, avx2, portable that this CPU runs");
     return text;
 }
 
 #else /* one level, the compiler's */
 
 const char *fa_cpu_simd(void) {
-#if defined(__AVX512F__)
+#if defined(__AVX512BF16__)
+    return "avx512bf16";
+#elif defined(__AVX512F__)
     return "avx512";
 #elif defined(__AVX2__) && defined(__FMA__)
     return "avx2";

@@ -21,6 +21,11 @@
  * tasks, a pass writes the K micro-panels and a packed fp32 copy of V (converted from f16/bf16, rows at a
  * cache-friendly stride). While a product runs, the next one's key-block data is prefetched, so the
  * stream of K and V blocks (more than L2 holds, per head) does not wait on memory.
+ *
+ * bf16 calls at a level with the bf16 dot product (fa_cpu_bf16_products) run both products on bf16 pairs
+ * instead: the K panels and Q^T strips hold pairs along head_dim straight from the inputs (Q unscaled: the
+ * softmax multiplies the scores by softmax_scale in fp32), V is packed as pairs of keys, and P, computed in
+ * fp32 as above, is rounded to bf16 pairs of keys in place in the score tile before the P V product.
  */
 #include "cpu/cpu_internal.h"
 
@@ -33,7 +38,7 @@
 typedef struct fwd_layout {
     int64_t *q_prefix, *k_prefix; /* blocks per sequence, prefix sums (batch + 1 each) */
     float *kt;                    /* K panels: (heads_kv, key blocks, FA_FWD_BC / FA_MR, head_dim, FA_MR) */
-    float *v_packed;              /* V as packed fp32 rows */
+    float *v_packed;              /* V as packed fp32 rows (bf16 products: pair rows, fwd_pack_keys_bf16) */
     uint8_t *v_bad;               /* (heads_kv, key tokens): the V row holds a non-finite value */
     uint8_t *kb_bad;              /* (heads_kv, key blocks): the block holds such a row */
     char *scratch;                /* per thread, scratch_bytes each */
@@ -102,11 +107,64 @@ static int64_t fwd_key_token(const fa_params *p, int64_t b, const fa_seq *s) {
     return fa_is_varlen(p) ? s->tok_k : b * p->seqlen_k;
 }
 
+#ifdef FA_CPU_BF16
+/* A bf16 row's non-finite values: exponent bits all ones. */
+static int fwd_bf16_row_bad(const uint16_t *row, int64_t n) {
+    int bad = 0;
+    for (int64_t c = 0; c < n; c++) bad |= (row[c] & 0x7f80) == 0x7f80;
+    return bad;
+}
+
+/* fwd_pack_keys for the bf16 products: the K micro-panels hold pairs along head_dim (FA_MR keys side by side
+ * for each pair, head_dim / 2 words per key) and V is packed as pairs of keys, pair row t of the block (keys
+ * j0 + 2t and j0 + 2t + 1, zero past the sequence, every column up to the row width) in row j0 + t of the
+ * packed view. */
+static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
+    const fa_params *p = cx->p;
+    const int64_t d = p->head_dim, dp = d / 2, w = fa_cpu_row_width(p);
+    const int64_t b = fa_cpu_block_owner(cx->L->k_prefix, p->batch, kg);
+    const fa_seq s = fa_seq_get(p, b);
+    const int64_t j0 = (kg - cx->L->k_prefix[b]) * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
+    uint32_t *panel = (uint32_t *)(cx->L->kt + (h * cx->nkb + kg) * d * FA_FWD_BC);
+    const uint16_t *k16 = p->k.data, *v16 = p->v.data;
+    for (int64_t j = 0; j < FA_FWD_BC; j++) {
+        uint32_t *dst = panel + j / FA_MR * FA_MR * dp + j % FA_MR;
+        if (j < nk) {
+            const uint16_t *row = k16 + fa_offset(p, &p->k, b, s.tok_k, j0 + j, h);
+            for (int64_t c = 0; c < dp; c++) dst[c * FA_MR] = row[2 * c] | (uint32_t)row[2 * c + 1] << 16;
+        } else {
+            for (int64_t c = 0; c < dp; c++) dst[c * FA_MR] = 0;
+        }
+    }
+    uint8_t any = 0;
+    uint8_t *v_bad = cx->L->v_bad + h * cx->tk + fwd_key_token(p, b, &s) + j0;
+    for (int64_t j = 0; j < nk; j++) {
+        v_bad[j] = (uint8_t)fwd_bf16_row_bad(v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + j, h), d);
+        any |= v_bad[j];
+    }
+    for (int64_t t = 0; 2 * t < nk; t++) {
+        uint32_t *dst = (uint32_t *)cx->v.data + fa_offset(p, &cx->v, b, s.tok_k, j0 + t, h);
+        const int lo_ok = !v_bad[2 * t], hi_ok = 2 * t + 1 < nk && !v_bad[2 * t + 1];
+        const uint16_t *lo = v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + 2 * t, h);
+        const uint16_t *hi = hi_ok ? v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + 2 * t + 1, h) : lo;
+        for (int64_t c = 0; c < d; c++) dst[c] = (lo_ok ? lo[c] : 0u) | (hi_ok ? (uint32_t)hi[c] << 16 : 0u);
+        for (int64_t c = d; c < w; c++) dst[c] = 0;
+    }
+    cx->L->kb_bad[h * cx->nkb + kg] = any;
+}
+#endif
+
 /* K panels of key block kg (numbered across the batch) of kv head h, zero past the sequence, and the packed
  * copy of the block's V rows. A V row with a non-finite value is packed as zeros and flagged: inside the P V
  * product its NaN or Inf would reach, through a zero weight, rows that do not see the key (0 * Inf is NaN);
  * the rows that do see it get O = NaN at the end (flashattn.h). */
 static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
+#ifdef FA_CPU_BF16
+    if (fa_cpu_bf16_products(cx->p)) {
+        fwd_pack_keys_bf16(cx, h, kg);
+        return;
+    }
+#endif
     const fa_params *p = cx->p;
     const int64_t d = p->head_dim;
     const int64_t b = fa_cpu_block_owner(cx->L->k_prefix, p->batch, kg);
@@ -139,16 +197,17 @@ static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
 }
 
 /*
- * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the score
- * modifications (softcap, ALiBi, mask), the running max, P = exp2((S - m) log2 e), the running sum, and the
- * rescale factors alpha of the accumulator.
+ * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the scores times
+ * scale (1 where Q came pre-scaled), the score modifications (softcap, ALiBi, mask), the running max,
+ * P = exp2((S - m) log2 e), the running sum, and the rescale factors alpha of the accumulator.
  */
 static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int64_t nk, int masked, float softcap,
-                        float alibi_slope) {
+                        float alibi_slope, float scale) {
     const int transform = masked || softcap > 0.0f || alibi_slope != 0.0f;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
     const fa_vf log2e = fa_vset1(FA_LOG2E);
     const fa_vf ninf = fa_vset1(-__builtin_inff());
+    const fa_vf sv = fa_vset1(scale);
     for (int64_t v = v0; v < nv; v++) {
         float *col = sc->st + v * FA_VL;
         fa_vf m_old = fa_vload(sc->m + v * FA_VL), mx = m_old;
@@ -156,18 +215,18 @@ static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int
             fa_vf mx1 = mx, mx2 = mx, mx3 = mx;
             int64_t j = 0;
             for (; j + 4 <= nk; j += 4) {
-                mx = fa_vmax(mx, fa_vload(col + j * FWD_LDS));
-                mx1 = fa_vmax(mx1, fa_vload(col + (j + 1) * FWD_LDS));
-                mx2 = fa_vmax(mx2, fa_vload(col + (j + 2) * FWD_LDS));
-                mx3 = fa_vmax(mx3, fa_vload(col + (j + 3) * FWD_LDS));
+                mx = fa_vmax(mx, fa_vload(col + j * FWD_LDS) * sv);
+                mx1 = fa_vmax(mx1, fa_vload(col + (j + 1) * FWD_LDS) * sv);
+                mx2 = fa_vmax(mx2, fa_vload(col + (j + 2) * FWD_LDS) * sv);
+                mx3 = fa_vmax(mx3, fa_vload(col + (j + 3) * FWD_LDS) * sv);
             }
-            for (; j < nk; j++) mx = fa_vmax(mx, fa_vload(col + j * FWD_LDS));
+            for (; j < nk; j++) mx = fa_vmax(mx, fa_vload(col + j * FWD_LDS) * sv);
             mx = fa_vmax(fa_vmax(mx, mx1), fa_vmax(mx2, mx3));
         } else {
             const fa_vi lo = *(const fa_vi_u *)(sc->lo + v * FA_VL), hi = *(const fa_vi_u *)(sc->hi + v * FA_VL);
             const fa_vf qpos = fa_vload(sc->qpos + v * FA_VL);
             for (int64_t j = 0; j < nk; j++) {
-                fa_vf x = fa_vload(col + j * FWD_LDS);
+                fa_vf x = fa_vload(col + j * FWD_LDS) * sv;
                 if (softcap > 0.0f) x = fa_vtanh(x * inv_cap) * softcap;
                 if (alibi_slope != 0.0f) x = x - alibi_slope * fa_vabs(qpos - (float)(j0 + j));
                 if (masked) {
@@ -181,18 +240,19 @@ static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int
         /* a row with nothing visible so far keeps m = -inf; subtracting 0 keeps its P at exactly 0 */
         fa_vf m_use = fa_vselect(mx == ninf, fa_vset1(0.0f), mx);
         fa_vf alpha = fa_vexp2_nonpos((m_old - m_use) * log2e);
+        const fa_vf ps = transform ? fa_vset1(1.0f) : sv; /* the transform loop has stored scaled scores */
         fa_vf sum0 = fa_vset1(0.0f), sum1 = fa_vset1(0.0f);
         int64_t j = 0;
         for (; j + 2 <= nk; j += 2) {
-            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) - m_use) * log2e);
-            fa_vf p1 = fa_vexp2_nonpos((fa_vload(col + (j + 1) * FWD_LDS) - m_use) * log2e);
+            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) * ps - m_use) * log2e);
+            fa_vf p1 = fa_vexp2_nonpos((fa_vload(col + (j + 1) * FWD_LDS) * ps - m_use) * log2e);
             fa_vstore(col + j * FWD_LDS, p0);
             fa_vstore(col + (j + 1) * FWD_LDS, p1);
             sum0 += p0;
             sum1 += p1;
         }
         if (j < nk) {
-            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) - m_use) * log2e);
+            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) * ps - m_use) * log2e);
             fa_vstore(col + j * FWD_LDS, p0);
             sum0 += p0;
         }
@@ -216,6 +276,52 @@ FA_NOINLINE void fwd_pv(const float *st, const float *v, int64_t ldv, float *o, 
     const fa_layout_a la = { 1, FWD_LDS, FA_MR };
     const fa_layout_b lb = { ldv, FA_VL };
     fa_gemm(rows, w, nk, st, la, v, lb, o, ldo, FA_UK_SCALE_ADD, alpha, pf);
+}
+
+#ifdef FA_CPU_BF16
+/* fwd_scores on bf16 pairs: K panels and Q^T strips of head_dim / 2 words per key and query. */
+FA_NOINLINE void fwd_scores_bf16(const uint32_t *panel, const uint32_t *qt, float *st, int64_t m, int64_t ncols,
+                                 int64_t d, fa_prefetch pf) {
+    const fa_layout_a la = { 1, FA_MR, FA_MR * d / 2 };
+    const fa_layout_b lb = { FA_VL, FA_VL * d / 2 };
+    fa_gemm_bf16(m, ncols, d / 2, panel, la, qt, lb, st, FWD_LDS, FA_UK_SET, NULL, pf);
+}
+
+/* fwd_pv on bf16 pairs: P as pairs of keys (fa_rows_to_bf16_pairs on the transposed tile), V as pair rows at stride ldv
+ * words. */
+FA_NOINLINE void fwd_pv_bf16(const uint32_t *pt, const uint32_t *v, int64_t ldv, float *o, int64_t ldo, int64_t rows,
+                             int64_t w, int64_t nk, const float *alpha, fa_prefetch pf) {
+    const fa_layout_a la = { 1, FWD_LDS, FA_MR };
+    const fa_layout_b lb = { ldv, FA_VL };
+    fa_gemm_bf16(rows, w, fa_ceil_div(nk, 2), pt, la, v, lb, o, ldo, FA_UK_SCALE_ADD, alpha, pf);
+}
+#endif
+
+/* Q^T of rows [i0, i0 + mrows) of sequence b, head h, in strips of ncols columns, zero past the valid rows:
+ * pre-scaled fp32, or (bf16 products) unscaled bf16 pairs along head_dim. */
+static void fwd_load_qt(const fa_params *p, fwd_scratch *sc, int64_t b, const fa_seq *s, int64_t h, int64_t i0,
+                        int64_t mrows, int64_t ncols, int bf16) {
+    const int64_t d = p->head_dim;
+    if (bf16) {
+        uint32_t *qt = (uint32_t *)sc->qt;
+        const uint16_t *q16 = p->q.data;
+        for (int64_t i = 0; i < ncols; i++) {
+            uint32_t *dst = qt + i / FA_VL * FA_VL * (d / 2) + i % FA_VL;
+            const uint16_t *row = i < mrows ? q16 + fa_offset(p, &p->q, b, s->tok_q, i0 + i, h) : NULL;
+            for (int64_t c = 0; c < d / 2; c++) dst[c * FA_VL] = row ? row[2 * c] | (uint32_t)row[2 * c + 1] << 16 : 0u;
+        }
+        return;
+    }
+    float row[256];
+    for (int64_t i = 0; i < ncols; i++) {
+        float *dst = sc->qt + i / FA_VL * FA_VL * d + i % FA_VL;
+        if (i < mrows) {
+            fa_cpu_load_row(p->q.data, p->dtype, fa_offset(p, &p->q, b, s->tok_q, i0 + i, h), d, row);
+            for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = row[c] * p->softmax_scale;
+        } else {
+            for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = 0.0f;
+        }
+    }
 }
 
 static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, int64_t ib) {
@@ -246,18 +352,9 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
     }
 
     uint8_t v_bad = 0; /* a key block of this task holds a V row with a non-finite value */
+    const int bf16 = fa_cpu_bf16_products(p);
     if (jbeg < jend) {
-        /* Q^T, pre-scaled, zero past the valid rows */
-        float row[256];
-        for (int64_t i = 0; i < ncols; i++) {
-            float *dst = sc->qt + i / FA_VL * FA_VL * d + i % FA_VL;
-            if (i < mrows) {
-                fa_cpu_load_row(p->q.data, p->dtype, fa_offset(p, &p->q, b, s.tok_q, i0 + i, h), d, row);
-                for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = row[c] * p->softmax_scale;
-            } else {
-                for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = 0.0f;
-            }
-        }
+        fwd_load_qt(p, sc, b, &s, h, i0, mrows, ncols, bf16);
         for (int64_t i = 0; i < rows; i++) memset(sc->o + i * ldo, 0, sizeof(float) * w);
         const float slope = fa_alibi_slope(p, b, h);
         const uint8_t *kb_bad = cx->L->kb_bad + kvh * cx->nkb + cx->L->k_prefix[b];
@@ -276,12 +373,25 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
             for (int64_t i = c0; i < mrows && full; i++) full = sc->lo[i] <= j0 && sc->hi[i] >= j0 + nk;
             const float *vrow = (const float *)cx->v.data + fa_offset(p, &cx->v, b, s.tok_k, j0, kvh);
             /* V of this block during the scores, K of the next block during P V */
-            const fa_prefetch pf_v = fa_prefetch_range(vrow, (int64_t)sizeof(float) * nk * cx->v.stride_seq);
+            const int64_t v_rows = bf16 ? fa_ceil_div(nk, 2) : nk;
+            const fa_prefetch pf_v = fa_prefetch_range(vrow, (int64_t)sizeof(float) * v_rows * cx->v.stride_seq);
             const fa_prefetch pf_k = fa_prefetch_range(kb + 1 < kb_end ? kt + (kb + 1) * d * FA_FWD_BC : NULL,
                                                        (int64_t)sizeof(float) * d * FA_FWD_BC);
+#ifdef FA_CPU_BF16
+            if (bf16) {
+                fwd_scores_bf16((const uint32_t *)(kt + kb * d * FA_FWD_BC),
+                                (const uint32_t *)sc->qt + c0 / FA_VL * FA_VL * (d / 2), sc->st + c0,
+                                fa_round_up(nk, FA_MR), ncols - c0, d, pf_v);
+                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale);
+                fa_rows_to_bf16_pairs(sc->st + c0, FWD_LDS, nk, ncols - c0, (uint32_t *)(sc->st + c0));
+                fwd_pv_bf16((const uint32_t *)(sc->st + c0), (const uint32_t *)vrow, cx->v.stride_seq, sc->o + c0 * ldo,
+                            ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
+                continue;
+            }
+#endif
             fwd_scores(kt + kb * d * FA_FWD_BC, sc->qt + c0 / FA_VL * FA_VL * d, sc->st + c0, fa_round_up(nk, FA_MR),
                        ncols - c0, d, pf_v);
-            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope);
+            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, 1.0f);
             fwd_pv(sc->st + c0, vrow, cx->v.stride_seq, sc->o + c0 * ldo, ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
         }
     }

@@ -145,6 +145,18 @@ void fa_cpu_load_row(const void *base, fa_dtype t, int64_t off, int64_t n, float
 void fa_cpu_store_row(void *base, fa_dtype t, int64_t off, int64_t n, const float *src, float mul);
 void fa_cpu_store_zero_row(void *base, fa_dtype t, int64_t off, int64_t n);
 
+/* Whether a call's products run on bf16 pairs (fa_gemm_bf16): its inputs are bf16 and this level has the bf16
+ * dot product. Its scores come out of the product unscaled, and the softmax multiplies them by softmax_scale
+ * in fp32 (Q times the scale rounded to bf16 would add a rounding the fp32 path does not make). */
+static inline int fa_cpu_bf16_products(const fa_params *p) {
+#ifdef FA_CPU_BF16
+    return p->dtype == FA_BF16;
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
 /* The forward and backward each size and carve their own workspace. */
 size_t fa_cpu_fwd_workspace(const fa_params *p, int threads);
 size_t fa_cpu_bwd_workspace(const fa_params *p, int threads);

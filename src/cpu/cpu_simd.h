@@ -2,7 +2,8 @@
 /*
  * cpu_simd.h - the SIMD layer of the CPU backend: vector types sized by the target (GCC vector extensions),
  * a vectorised exp and tanh, fp16/bf16 row conversion, and the register-blocked matrix micro-kernel that
- * every product of the forward and backward is built from.
+ * every product of the forward and backward is built from (and, at a level with the bf16 dot product, its
+ * bf16-pair form, which bf16 calls use).
  *
  * Width: 64-byte vectors with AVX-512, 32 with AVX/AVX2, 16 otherwise (the compiler lowers those to
  * whatever the target has, scalars included). The target is the compiler's: one per instruction-set level when
@@ -41,6 +42,7 @@ static inline int64_t fa_ceil_div(int64_t a, int64_t b) {
 
 typedef float fa_vf __attribute__((vector_size(FA_VL * 4)));
 typedef int32_t fa_vi __attribute__((vector_size(FA_VL * 4)));
+typedef uint32_t fa_vu __attribute__((vector_size(FA_VL * 4)));
 /* For loads and stores at any float-aligned address. */
 typedef float fa_vf_u __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
 typedef int32_t fa_vi_u __attribute__((vector_size(FA_VL * 4), aligned(4), may_alias));
@@ -313,5 +315,100 @@ FA_INLINE void fa_gemm(int64_t m, int64_t n, int64_t kc, const float *a, const f
         }
     }
 }
+
+#if defined(__AVX512BF16__)
+/* This level runs the products of bf16 calls on the bf16 dot product (vdpbf16ps): two bf16 multiplies per
+ * fp32 lane, both products added to the fp32 accumulator. */
+#define FA_CPU_BF16 1
+
+/* Operands of the bf16 products are bf16 pairs along the summed index k: a 32-bit word holds elements k
+ * (low half) and k + 1 (high half), k even, so one word of A broadcast against one vector of B is two steps
+ * of the fp32 micro-kernel's k loop. A row-major bf16 matrix is already in pairs along its rows; pairs across
+ * rows (k the row index) are packed with fa_bf16_pairs. */
+typedef uint32_t fa_vu_u __attribute__((vector_size(64), aligned(4), may_alias));
+
+/* Word lane i: bf16(lo[i]) | bf16(hi[i]) << 16, each rounded to nearest even. */
+FA_INLINE __m512i fa_bf16_pairs(fa_vf lo, fa_vf hi) {
+    __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+    __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+    return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
+/* Rows 2t and 2t + 1 of src (n floats each at stride ld, n a multiple of FA_VL; the second taken as 0 from row
+ * nrows on) as bf16 pairs in row t of dst (words at stride ld), for 2t < nrows. dst may be src: row t is written
+ * after rows 2t and 2t + 1 are read, and every row below 2t has been read before. */
+FA_INLINE void fa_rows_to_bf16_pairs(const float *src, int64_t ld, int64_t nrows, int64_t n, uint32_t *dst) {
+    for (int64_t t = 0; 2 * t < nrows; t++) {
+        const float *lo = src + 2 * t * ld, *hi = lo + ld;
+        uint32_t *d = dst + t * ld;
+        for (int64_t c = 0; c < n; c += FA_VL) {
+            fa_vf h = 2 * t + 1 < nrows ? fa_vload(hi + c) : fa_vset1(0.0f);
+            *(fa_vu_u *)(d + c) = (fa_vu_u)fa_bf16_pairs(fa_vload(lo + c), h);
+        }
+    }
+}
+
+/* fa_ukernel over kp pairs of k: A's pair of row i at step t is the word a[i * a_row + t * a_k], B's vector v
+ * at b + t * ldb + v * b_vec (strides in words). */
+FA_INLINE void fa_ukernel_bf16(const int nr, int64_t kp, const uint32_t *a, const int64_t a_row, const int64_t a_k,
+                               const uint32_t *b, const int64_t ldb, const int64_t b_vec, float *c, const int64_t ldc,
+                               const int mode, const float *row_scale) {
+    __m512 acc[FA_MR][FA_NR];
+    FA_UNROLL(16)
+    for (int i = 0; i < FA_MR; i++) {
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) acc[i][v] = _mm512_setzero_ps();
+        if (mode != FA_UK_SET) __builtin_prefetch(c + i * ldc, 1, 3);
+        if (mode != FA_UK_SET && nr * FA_VL > 16) __builtin_prefetch(c + i * ldc + nr * FA_VL - 1, 1, 3);
+    }
+    for (; kp > 0; kp--) {
+        __m512bh bv[FA_NR];
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) bv[v] = (__m512bh)_mm512_loadu_si512(b + v * b_vec);
+        FA_UNROLL(16)
+        for (int i = 0; i < FA_MR; i++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * a_row]);
+            FA_UNROLL(4)
+            for (int v = 0; v < nr; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+        }
+        a += a_k;
+        b += ldb;
+    }
+    FA_UNROLL(16)
+    for (int i = 0; i < FA_MR; i++) {
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) {
+            float *ci = c + i * ldc + v * FA_VL;
+            if (mode == FA_UK_SET)
+                fa_vstore(ci, acc[i][v]);
+            else if (mode == FA_UK_ADD)
+                fa_vstore(ci, fa_vload(ci) + acc[i][v]);
+            else
+                fa_vstore(ci, fa_vfma(fa_vload(ci), fa_vset1(row_scale[i]), acc[i][v]));
+        }
+    }
+}
+
+/* fa_gemm over kp pairs of k, the layouts' strides in words. */
+FA_INLINE void fa_gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t *a, const fa_layout_a la,
+                            const uint32_t *b, const fa_layout_b lb, float *c, int64_t ldc, const int mode,
+                            const float *row_scale, fa_prefetch pf) {
+    const int64_t calls = m / FA_MR * fa_ceil_div(n, FA_NR * FA_VL);
+    const int64_t pf_per_call = calls > 0 ? fa_ceil_div(pf.lines, calls) : 0;
+    for (int64_t j = 0; j < n; j += FA_NR * FA_VL) {
+        const uint32_t *bj = b + j / FA_VL * lb.vec;
+        for (int64_t i = 0; i < m; i += FA_MR) {
+            const uint32_t *ai = a + i / FA_MR * la.grp;
+            const float *rs = mode == FA_UK_SCALE_ADD ? row_scale + i : NULL;
+            for (int64_t t = 0; FA_CPU_PREFETCH && t < pf_per_call && pf.lines > 0; t++, pf.lines--, pf.p += 64)
+                __builtin_prefetch(pf.p, 0, 2);
+            if (n - j >= FA_NR * FA_VL)
+                fa_ukernel_bf16(FA_NR, kp, ai, la.row, la.k, bj, lb.ld, lb.vec, c + i * ldc + j, ldc, mode, rs);
+            else
+                fa_ukernel_bf16(1, kp, ai, la.row, la.k, bj, lb.ld, lb.vec, c + i * ldc + j, ldc, mode, rs);
+        }
+    }
+}
+#endif
 
 #endif
