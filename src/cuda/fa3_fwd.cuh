@@ -44,12 +44,14 @@
  *
  * Parts: fa3_cfg (tile shapes, shared-memory layout, register split, what differs with three consumer
  * warpgroups), fa3_bar_layout (every barrier's offset, the area's size, initialisation), fa3_pipe (the stage
- * and barrier parity of a ring's use number), fa3_sched (tile order and claims); for the producer
- * fa3_publish_tile and fa3_v_fixer; for the consumers fa3_consumer_tile, fa3_mask_info_make, fa3_overlap_tile
- * (fa3_overlap_first, fa3_overlap_blocks, fa3_overlap_tail, fa3_skip_blocks), fa3_idle_tile and fa3_store_lse.
- * The producer's load loop, the loop without the overlap and the O store stay in the kernel body: moved into
- * functions of their own, they changed the order of the compiler's intermediate code and with it ptxas's
- * register allocation.
+ * and barrier parity of a ring's use number), fa3_sched (tile order and claims); for the producer fa3_producer
+ * (fa3_publish_tile, fa3_load_tile) and fa3_v_fixer; for the consumers fa3_consumer_tile, fa3_mask_info_make,
+ * fa3_overlap_tile (fa3_overlap_first, fa3_overlap_blocks, fa3_overlap_tail, fa3_skip_blocks) or fa3_plain_tile,
+ * fa3_idle_tile, and the epilogue fa3_finalize, fa3_store_lse, fa3_store_o. ptxas's register allocation follows
+ * the numbering of the PTX registers, which follows the order of the compiler's intermediate code: the use
+ * counters are plain ints passed by reference (fa3_load_tile), and the arrays a part fills for the kernel
+ * (fa3_finalize's inv and lse) are the kernel's, so that the default kernels' SASS is what it was with these
+ * parts inline.
  */
 #ifndef FLASHATTN_CUDA_FA3_FWD_CUH
 #define FLASHATTN_CUDA_FA3_FWD_CUH
@@ -1260,6 +1262,103 @@ static __device__ __forceinline__ void fa3_overlap_tile(int nb, int kv, const fa
     if constexpr (kSkipIdle) fa3_skip_blocks<NWG, STAGES, PINGPONG>(nbw, nb, kv, r, lane, c);
 }
 
+/* A tile's key blocks without the overlap (the measurement schedules of a tuning build): per block Q K^T, the
+ * softmax and P V, each GEMM in a turn of its own. q_empty as in fa3_overlap_tile. */
+template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void
+fa3_plain_tile(int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
+               uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
+               const fa3_tile &g, const fa3_mask_info &mi, int row0, int lane, int c, uint32_t q_empty) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    const int nb = g.nblocks, n_min = g.n_min, quad = lane % 4;
+#pragma unroll 1
+    for (int i = 0; i < nb; ++i) {
+        const int j = kv + i;
+        const int st = fa3_pipe<STAGES>::stage(j);
+        const uint32_t parity = fa3_pipe<STAGES>::phase(j);
+        hp_mbar_wait(r.k_full + 8 * st, parity);
+        fa3_pp_sync<PINGPONG>(c);
+        fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st * C::kKVBytes, 16, 1024));
+        fa3_pp_arrive<PINGPONG, NWG>(c, false);
+        hp_wgmma_wait<0>();
+#pragma unroll
+        for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
+        fa3_release(r.k_empty + 8 * st, lane);
+        if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(q_empty, lane);
+        if (fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min + i, row0, quad))
+            fa3_rescale<D>(o, factor);
+        fa3_convert_p<BN, BF16>(s, p);
+        hp_mbar_wait(r.v_full + 8 * st, parity);
+        fa3_pp_sync<PINGPONG>(c);
+        fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + st * C::kKVBytes, C::kKVSlab, 1024));
+        fa3_pp_arrive<PINGPONG, NWG>(c, i == nb - 1);
+        hp_wgmma_wait<0>();
+        fa3_pv_done<D, BN>(o, p);
+        fa3_release(r.v_empty + 8 * st, lane);
+    }
+}
+
+/* A tile's rows at its end: full row sums, then per row of the thread the factor of O (1 / l) and the LSE
+ * (natural log). A row the mask leaves no key (none at all, or the window's right edge before key 0; its left
+ * edge never passes the last key, where the last row sits) gets O = 0, not O / l (a masked key's 0 times a NaN in
+ * V reaches it), and LSE = -inf; a row that sees keys but whose sum is not positive (NaN after a NaN or +inf
+ * score, 0 when every visible score is -inf) is NaN. seq_row0: the thread's first row in the sequence. */
+template <int D>
+static __device__ __forceinline__ void fa3_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
+                                                    float (&inv)[2], float (&lse)[2], const fa3_args &a,
+                                                    const fa3_tile &g, int seq_row0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+        const bool empty = g.len_k == 0 || (a.window_right >= 0 &&
+                                            (long long)seq_row0 + 8 * hh + g.len_k - g.len_q + a.window_right < 0);
+        if (empty) {
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i)
+                if (((i >> 1) & 1) == hh) o[i] = 0.0f;
+        }
+        inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? 1.0f / l[hh] : NAN;
+        lse[hh] = empty          ? -INFINITY
+                  : l[hh] > 0.0f ? (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
+                                 : NAN;
+    }
+}
+
+/* A consumer warpgroup's O of a tile (times inv): through shared memory and one TMA store (rows past a dense
+ * sequence's end fall outside the tensor map and are not written); directly for tiles that saw no key and
+ * varlen tiles that reach past their sequence. Where O is staged in the Q tile, that tile is then released. */
+template <int D, int BN, int NWG, int STAGES, bool BF16>
+static __device__ __forceinline__ void fa3_store_o(const float (&o)[D / 2], const float (&inv)[2], const fa3_args &a,
+                                                   const fa3_tile &g, const CUtensorMap &tm_o, uint8_t *smem, int nb,
+                                                   int seq_row0, bool varlen, int c, int t, int warp, int lane) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    const uint32_t s_q = hp_smem_addr(smem), bar_q_empty = s_q + C::kOffBar + C::Bars::kQEmpty;
+    const int wg_row0 = fa3_wg_row0(g, c);
+    const bool tma_store = nb > 0 && (!varlen || wg_row0 + 64 <= g.len_q);
+    if (tma_store) {
+        const uint32_t s_o = C::kSeparateO ? s_q + C::kOffO + c * C::kQBytes : s_q + c * C::kQBytes;
+        if (C::kSeparateO) {
+            if (t == 0) hp_tma_store_wait_read(); /* the previous tile's store has left the buffer */
+            hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
+        }
+        fa3_o_to_smem<D, BF16>(o, inv, s_o, warp, lane);
+        hp_fence_proxy_async();
+        hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
+        if (t == 0) {
+            hp_tma_store_5d(&tm_o, s_o, 0, g.tok_q + wg_row0, 0, g.h, varlen ? 0 : g.b);
+            hp_tma_store_commit();
+            if (!C::kSeparateO) {
+                hp_tma_store_wait_read(); /* O sits in the Q tile: free it for the next tile's Q */
+                hp_mbar_arrive_cnt(bar_q_empty + 8 * c, 4);
+            }
+        }
+    } else {
+        fa3_o_to_global<D, BF16>(o, inv, a, g, seq_row0, lane % 4);
+        if (!C::kSeparateO && nb > 0) fa3_release(bar_q_empty + 8 * c, lane);
+    }
+}
+
 #endif /* FA_SM90A */
 
 /* Warpgroup 0's second warp in a varlen batch: every V block in ring order; zero the rows past the sequence, then
@@ -1306,6 +1405,105 @@ static __device__ __forceinline__ bool fa3_consumer_tile(const fa3_args &a, int 
     }
 }
 
+/* The producer's loads of a tile with key blocks (one thread). K(i) goes out before V(i - 1): with the overlap,
+ * Q K(i)^T is issued before P(i - 1) V(i - 1). The first K block goes before Q, which may wait for the previous
+ * tile's epilogue. kv: the K/V ring's use number of the tile's first block; q_loads: the Q tiles', counted on
+ * here. */
+template <int D, int BN, int NWG, int STAGES>
+static __device__ __forceinline__ void fa3_load_tile(const fa3_args &a, const fa3_tile &g, int &kv, int &q_loads,
+                                                     bool varlen, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
+                                                     const CUtensorMap &tm_v, uint8_t *smem) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    typedef typename C::Bars B;
+    const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV, bars = s_q + C::kOffBar;
+    volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid);
+    const int bq = varlen ? 0 : g.b, hk = C::kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
+    for (int i = 0; i <= g.nblocks; ++i) {
+        if (i < g.nblocks) {
+            const int j = kv + i;
+            const int st = fa3_pipe<STAGES>::stage(j);
+            hp_mbar_wait(bars + B::kKEmpty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
+            FA3_EV(FA3_EV_KLOAD, i);
+            hp_mbar_arrive_expect_tx(bars + B::kKFull + 8 * st, C::kKVBytes);
+            hp_tma_load_5d(s_k + st * C::kKVBytes, &tm_k, bars + B::kKFull + 8 * st, 0, g.tok_k + (g.n_min + i) * BN, 0,
+                           hk, bq);
+        }
+        if (i == 0) {
+            for (int w = 0; w < NWG; ++w) {
+                hp_mbar_wait(bars + B::kQEmpty + 8 * w, fa3_pipe<1>::empty_phase(q_loads));
+                if (!C::kSkipIdle || fa3_wg_has_rows(g, w)) {
+                    hp_mbar_arrive_expect_tx(bars + B::kQFull + 8 * w, C::kQBytes);
+                    hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bars + B::kQFull + 8 * w, 0,
+                                   g.tok_q + fa3_wg_row0(g, w), 0, g.h, bq);
+                    FA3_EV(FA3_EV_QLOAD, w);
+                } else {
+                    hp_mbar_arrive(bars + B::kQFull + 8 * w);
+                }
+            }
+            ++q_loads;
+        } else {
+            const int j = kv + i - 1;
+            const int st = fa3_pipe<STAGES>::stage(j);
+            hp_mbar_wait(bars + B::kVEmpty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
+            FA3_EV(FA3_EV_VLOAD, i - 1);
+            v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
+            hp_mbar_arrive_expect_tx(bars + B::kVFull + 8 * st, C::kKVBytes);
+            hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bars + B::kVFull + 8 * st, 0,
+                           g.tok_k + (g.n_min + i - 1) * BN, 0, hk, bq);
+        }
+    }
+    kv += g.nblocks;
+}
+
+/* Warpgroup 0's first thread: claims the tiles (fa3_sched), publishes each one's index (with kSharedGeo also its
+ * geometry) to the consumers in the two index slots, and loads its Q, K and V (fa3_load_tile). */
+template <int D, int BN, int NWG, int STAGES, bool GENERAL>
+static __device__ __forceinline__ void fa3_producer(const fa3_args &a, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
+                                                    const CUtensorMap &tm_v, uint8_t *smem, bool varlen) {
+    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    typedef typename C::Bars B;
+    const uint32_t bars = hp_smem_addr(smem) + C::kOffBar;
+    volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
+    volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid);
+    fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
+    fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows);
+    hp_prefetch_tensor_map(&tm_q);
+    hp_prefetch_tensor_map(&tm_k);
+    hp_prefetch_tensor_map(&tm_v);
+    if (a.tile_counter != nullptr && blockIdx.x == 0) fa3_sched::counter_reset(a);
+    int claim = blockIdx.x, q_loads = 0, kv = 0;
+    for (int k = 0;; ++k) {
+        const int tile = C::kSharedGeo ? fa3_sched::claim_order(a, claim) : claim;
+        /* Publish the tile index (double-buffered) to the consumers. */
+        const int slot = fa3_pipe<2>::stage(k);
+        hp_mbar_wait(bars + B::kTileEmpty + 8 * slot, fa3_pipe<2>::empty_phase(k));
+        tile_ids[slot] = tile;
+        fa3_tile g;
+        bool valid = false;
+        if (C::kSharedGeo && tile < a.num_tiles) {
+            valid = fa3_sched::tile_get<C::kBlockM, BN, C::kSkipIdle, GENERAL, C::kFastDiv>(a, tile, g);
+            fa3_publish_tile(a, g, valid, varlen, geo[k & (C::kTileRing - 1)], krows[k & (C::kTileRing - 1)]);
+        }
+        hp_mbar_arrive(bars + B::kTileFull + 8 * slot);
+        if (tile >= a.num_tiles) break;
+        FA3_EV(FA3_EV_PTILE, tile);
+        if (!C::kSharedGeo) valid = fa3_sched::tile_get<C::kBlockM, BN, C::kSkipIdle, GENERAL, C::kFastDiv>(a, tile, g);
+        if (valid && g.nblocks > 0) {
+            fa3_load_tile<D, BN, NWG, STAGES>(a, g, kv, q_loads, varlen, tm_q, tm_k, tm_v, smem);
+        }
+        /* The next tile is claimed once this one's loads are out (about STAGES blocks before the consumers finish
+         * it), not when it starts: the SM that frees up first takes the next tile of the order (measured 1-3%
+         * faster at head dim 128). */
+        claim = fa3_sched::next_claim(a, claim, k == 0);
+    }
+    if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
+        const int st = fa3_pipe<STAGES>::stage(kv);
+        hp_mbar_wait(bars + B::kVEmpty + 8 * st, fa3_pipe<STAGES>::empty_phase(kv));
+        v_valid[st] = -1;
+        hp_mbar_arrive(bars + B::kVFull + 8 * st);
+    }
+}
+
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
 
 template <int D, int BN, int NWG, int STAGES, typename T, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
@@ -1317,14 +1515,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     typedef fa3_cfg<D, BN, NWG, STAGES> C;
     constexpr bool BF16 = fa3_elem_traits<T>::kBF16; /* what the helpers and the wgmma wrappers take */
     constexpr int BM = C::kBlockM;
-    constexpr bool kSkipIdle = C::kSkipIdle, kLoneFast = C::kLoneFast, kFastDiv = C::kFastDiv;
+    constexpr bool kSkipIdle = C::kSkipIdle, kFastDiv = C::kFastDiv;
     static_assert(!kSkipIdle || OVERLAP, "skipped tiles and blocks take the turns of the overlapped schedule");
     /* With Q in registers its tile is free once loaded; O must then have tiles of its own. */
     static_assert(!QRS || C::kSeparateO, "Q in registers needs separate O tiles");
 
     uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
     const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV;
-    const uint32_t s_obuf = s_q + C::kOffO; /* the O tiles, when kSeparateO */
     typedef typename C::Bars B;
     const uint32_t bar_q_full = s_q + C::kOffBar + B::kQFull, bar_q_empty = s_q + C::kOffBar + B::kQEmpty;
     const uint32_t bar_k_full = s_q + C::kOffBar + B::kKFull, bar_k_empty = s_q + C::kOffBar + B::kKEmpty;
@@ -1336,7 +1533,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     constexpr bool kSharedGeo = C::kSharedGeo;
     static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
     fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
-    fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows); /* kSharedGeo kernels */
     const bool varlen = GENERAL && a.cu_q != nullptr;
     /* In a varlen batch the rows of a V block past its sequence belong to the next sequence or to the padding
      * after the last one, which may hold anything (NaN): 0 * NaN in P V would poison O. There the second
@@ -1353,86 +1549,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
-        if (threadIdx.x == 0) {
-            hp_prefetch_tensor_map(&tm_q);
-            hp_prefetch_tensor_map(&tm_k);
-            hp_prefetch_tensor_map(&tm_v);
-            if (a.tile_counter != nullptr && blockIdx.x == 0) fa3_sched::counter_reset(a);
-            int claim = blockIdx.x, kv = 0, q_loads = 0;
-            for (int k = 0;; ++k) {
-                const int tile = kSharedGeo ? fa3_sched::claim_order(a, claim) : claim;
-                /* Publish the tile index (double-buffered) to the consumers. */
-                const int slot = fa3_pipe<2>::stage(k);
-                hp_mbar_wait(bar_tile_empty + 8 * slot, fa3_pipe<2>::empty_phase(k));
-                tile_ids[slot] = tile;
-                fa3_tile g;
-                bool valid = false;
-                if (kSharedGeo && tile < a.num_tiles) {
-                    valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-                    fa3_publish_tile(a, g, valid, varlen, geo[k & (C::kTileRing - 1)], krows[k & (C::kTileRing - 1)]);
-                }
-                hp_mbar_arrive(bar_tile_full + 8 * slot);
-                if (tile >= a.num_tiles) break;
-                FA3_EV(FA3_EV_PTILE, tile);
-                if (!kSharedGeo) valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-                if (valid && g.nblocks > 0) {
-                    const int bq = varlen ? 0 : g.b, hk = kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
-                    /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
-                     * The first K block goes before Q, which may wait for the previous tile's epilogue. */
-                    for (int i = 0; i <= g.nblocks; ++i) {
-                        if (i < g.nblocks) {
-                            const int j = kv + i;
-                            const int st = fa3_pipe<STAGES>::stage(j);
-                            hp_mbar_wait(bar_k_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
-                            FA3_EV(FA3_EV_KLOAD, i);
-                            hp_mbar_arrive_expect_tx(bar_k_full + 8 * st, C::kKVBytes);
-                            hp_tma_load_5d(s_k + st * C::kKVBytes, &tm_k, bar_k_full + 8 * st, 0,
-                                           g.tok_k + (g.n_min + i) * BN, 0, hk, bq);
-                        }
-                        if (i == 0) {
-                            for (int w = 0; w < NWG; ++w) {
-                                hp_mbar_wait(bar_q_empty + 8 * w, fa3_pipe<1>::empty_phase(q_loads));
-                                if (!kSkipIdle || fa3_wg_has_rows(g, w)) {
-                                    hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
-                                    hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
-                                                   g.tok_q + fa3_wg_row0(g, w), 0, g.h, bq);
-                                    FA3_EV(FA3_EV_QLOAD, w);
-                                } else {
-                                    hp_mbar_arrive(bar_q_full + 8 * w);
-                                }
-                            }
-                            ++q_loads;
-                        } else {
-                            const int j = kv + i - 1;
-                            const int st = fa3_pipe<STAGES>::stage(j);
-                            hp_mbar_wait(bar_v_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
-                            FA3_EV(FA3_EV_VLOAD, i - 1);
-                            v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
-                            hp_mbar_arrive_expect_tx(bar_v_full + 8 * st, C::kKVBytes);
-                            hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bar_v_full + 8 * st, 0,
-                                           g.tok_k + (g.n_min + i - 1) * BN, 0, hk, bq);
-                        }
-                    }
-                    kv += g.nblocks;
-                }
-                /* The next tile is claimed once this one's loads are out (about STAGES blocks before the consumers
-                 * finish it), not when it starts: the SM that frees up first takes the next tile of the order
-                 * (measured 1-3% faster at head dim 128). */
-                claim = fa3_sched::next_claim(a, claim, k == 0);
-            }
-            if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
-                const int st = fa3_pipe<STAGES>::stage(kv);
-                hp_mbar_wait(bar_v_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(kv));
-                v_valid[st] = -1;
-                hp_mbar_arrive(bar_v_full + 8 * st);
-            }
-        } else if (varlen && threadIdx.x / 32 == 1) {
+        if (threadIdx.x == 0)
+            fa3_producer<D, BN, NWG, STAGES, GENERAL>(a, tm_q, tm_k, tm_v, smem, varlen);
+        else if (varlen && threadIdx.x / 32 == 1)
             fa3_v_fixer<D, BN, NWG, STAGES>(s_v, bar_v_full, bar_v_ready, v_valid);
-        }
     } else {
         hp_setmaxnreg_inc<C::kRegsConsumer>();
         const int c = wg - 1;
-        const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32, quad = lane % 4;
+        const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
         fa3_qop<D, QRS> q;
         q.desc = hp_desc_sw128(s_q + c * C::kQBytes, 16, 1024);
         int kv = 0, q_uses = 0;
@@ -1450,22 +1574,29 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
              * not follow that and reported the producer's next write as a race). (One release after the geometry
              * read for both cases measured 1-1.5% slower up to 2k.) */
             const int tile = __shfl_sync(0xffffffffu, lane == 0 ? tile_ids[slot] : 0, 0);
-            if (!kSharedGeo) fa3_release(bar_tile_empty + 8 * slot, lane);
-            else if (tile >= a.num_tiles) hp_mbar_arrive(bar_tile_empty + 8 * slot);
+            if (!kSharedGeo)
+                fa3_release(bar_tile_empty + 8 * slot, lane);
+            else if (tile >= a.num_tiles)
+                hp_mbar_arrive(bar_tile_empty + 8 * slot);
             FA3_EV(FA3_EV_INDEX, tile);
             if (tile >= a.num_tiles) break;
             fa3_tile g;
             if (!fa3_consumer_tile<D, BN, NWG, STAGES, GENERAL>(a, tile, geo[k & (C::kTileRing - 1)],
-                                                               bar_tile_empty + 8 * slot, g))
+                                                                bar_tile_empty + 8 * slot, g))
                 continue;
             FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
              * arithmetic as without it (with the shift in row0 ptxas scheduled the unmasked steps worse). */
             const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4;
-            const int nb = g.nblocks, n_min = g.n_min;
-            const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty,
-                                s_q + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (k & (C::kTileRing - 1))};
+            const int nb = g.nblocks;
+            const fa3_ring r = { s_k,
+                                 s_v,
+                                 bar_k_full,
+                                 bar_k_empty,
+                                 bar_v_wait,
+                                 bar_v_empty,
+                                 s_q + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (k & (C::kTileRing - 1)) };
             if constexpr (kSkipIdle) {
                 if (!fa3_wg_has_rows(g, c)) {
                     if (nb > 0) {
@@ -1482,7 +1613,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             float o[D / 2];
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-            float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+            float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
 
             if (nb > 0) {
                 float s[BN / 2];
@@ -1499,94 +1630,25 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     __syncwarp();
                     fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
                 }
-                if (OVERLAP) {
+                if (OVERLAP)
                     fa3_overlap_tile<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(
                         nb, kv, r, q, s, o, p, m, l, factor, a, g, mi, row0, lane, c, bar_q_empty + 8 * c);
-                } else {
-#pragma unroll 1
-                    for (int i = 0; i < nb; ++i) {
-                        const int j = kv + i;
-                        const int st = fa3_pipe<STAGES>::stage(j);
-                        const uint32_t parity = fa3_pipe<STAGES>::phase(j);
-                        hp_mbar_wait(bar_k_full + 8 * st, parity);
-                        fa3_pp_sync<PINGPONG>(c);
-                        fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st * C::kKVBytes, 16, 1024));
-                        fa3_pp_arrive<PINGPONG, NWG>(c, false);
-                        hp_wgmma_wait<0>();
-#pragma unroll
-                        for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
-                        fa3_release(bar_k_empty + 8 * st, lane);
-                        if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(bar_q_empty + 8 * c, lane);
-                        if (fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min + i, row0, quad))
-                            fa3_rescale<D>(o, factor);
-                        fa3_convert_p<BN, BF16>(s, p);
-                        hp_mbar_wait(bar_v_wait + 8 * st, parity);
-                        fa3_pp_sync<PINGPONG>(c);
-                        fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(s_v + st * C::kKVBytes, C::kKVSlab, 1024));
-                        fa3_pp_arrive<PINGPONG, NWG>(c, i == nb - 1);
-                        hp_wgmma_wait<0>();
-                        fa3_pv_done<D, BN>(o, p);
-                        fa3_release(bar_v_empty + 8 * st, lane);
-                    }
-                }
+                else
+                    fa3_plain_tile<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(
+                        kv, r, q, s, o, p, m, l, factor, a, g, mi, row0, lane, c, bar_q_empty + 8 * c);
             }
 
             /* The geometry again (from the ring) rather than kept in registers through the loop. */
-            if constexpr (kSharedGeo) g = geo[k & (C::kTileRing - 1)];
-            else fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-
+            if constexpr (kSharedGeo)
+                g = geo[k & (C::kTileRing - 1)];
+            else
+                fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
             FA3_EV(FA3_EV_EPI, tile);
-            /* Finalize: full row sums, O / l, LSE (natural log). A row the mask leaves no key (none at all, or the
-             * window's right edge before key 0; its left edge never passes the last key, where the last row sits)
-             * gets O = 0, not O / l (a masked key's 0 times a NaN in V reaches it), and LSE = -inf; a row that sees
-             * keys but whose sum is not positive (NaN after a NaN or +inf score, 0 when every visible score is
-             * -inf) is NaN. */
             const int seq_row0 = row0 - g.shift;
             float inv[2], lse[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
-                l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-                const bool empty = g.len_k == 0 || (a.window_right >= 0 && (long long)seq_row0 + 8 * hh + g.len_k -
-                                                                                  g.len_q + a.window_right < 0);
-                if (empty) {
-#pragma unroll
-                    for (int i = 0; i < D / 2; ++i)
-                        if (((i >> 1) & 1) == hh) o[i] = 0.0f;
-                }
-                inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? 1.0f / l[hh] : NAN;
-                lse[hh] = empty ? -INFINITY
-                          : l[hh] > 0.0f ? (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
-                                         : NAN;
-            }
-            if (a.lse != nullptr && quad == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
-
-            /* O through shared memory and one TMA store (rows past a dense sequence's end fall outside the
-             * tensor map and are not written); directly for tiles that saw no key and varlen tiles that reach
-             * past their sequence. */
-            const int wg_row0 = fa3_wg_row0(g, c);
-            const bool tma_store = nb > 0 && (!varlen || wg_row0 + 64 <= g.len_q);
-            if (tma_store) {
-                const uint32_t s_o = C::kSeparateO ? s_obuf + c * C::kQBytes : s_q + c * C::kQBytes;
-                if (C::kSeparateO) {
-                    if (t == 0) hp_tma_store_wait_read(); /* the previous tile's store has left the buffer */
-                    hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
-                }
-                fa3_o_to_smem<D, BF16>(o, inv, s_o, warp, lane);
-                hp_fence_proxy_async();
-                hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
-                if (t == 0) {
-                    hp_tma_store_5d(&tm_o, s_o, 0, g.tok_q + wg_row0, 0, g.h, varlen ? 0 : g.b);
-                    hp_tma_store_commit();
-                    if (!C::kSeparateO) {
-                        hp_tma_store_wait_read(); /* O sits in the Q tile: free it for the next tile's Q */
-                        hp_mbar_arrive_cnt(bar_q_empty + 8 * c, 4);
-                    }
-                }
-            } else {
-                fa3_o_to_global<D, BF16>(o, inv, a, g, seq_row0, quad);
-                if (!C::kSeparateO && nb > 0) fa3_release(bar_q_empty + 8 * c, lane);
-            }
+            fa3_finalize<D>(o, l, m, inv, lse, a, g, seq_row0);
+            if (a.lse != nullptr && lane % 4 == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
+            fa3_store_o<D, BN, NWG, STAGES, BF16>(o, inv, a, g, tm_o, smem, nb, seq_row0, varlen, c, t, warp, lane);
             FA3_EV(FA3_EV_EPI_END, tile);
             if (nb > 0) {
                 kv += nb;
