@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(128) unit_kernel(const __grid_constant__ CUten
                                                    const __grid_constant__ CUtensorMap tv,
                                                    const __grid_constant__ CUtensorMap to, float *out_s,
                                                    float *out_o) {
-    typedef fa3_cfg<D, BN, 2, 1> C;
+    typedef fa3_cfg<D, BN, 2> C;
     uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
     const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kQBytes, s_v = s_k + C::kKVBytes;
     const uint32_t bar = s_v + C::kKVBytes;
@@ -175,7 +175,7 @@ static double ref_dot(const uint16_t *a, const uint16_t *b, int n) {
 
 template <int D, int BN>
 static int unit_case() {
-    typedef fa3_cfg<D, BN, 2, 1> C;
+    typedef fa3_cfg<D, BN, 2> C;
     const int nq = 64 * D, nk = BN * D;
     uint16_t *hq = alloc_host<uint16_t>(nq), *hk = alloc_host<uint16_t>(nk), *hv = alloc_host<uint16_t>(nk);
     uint16_t *o16 = alloc_host<uint16_t>(nq);

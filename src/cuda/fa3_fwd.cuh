@@ -12,7 +12,7 @@
  * tiles end at the last query, so that the partial tile is the first, shortest one. In a CTA:
  *   warpgroup 0  producer: one thread fetches the next tile index (with three consumer warpgroups it also
  *                publishes the tile's geometry) and issues TMA loads of Q (once per tile)
- *                and of K and V blocks into a STAGES-deep ring; each load completes on a "full" mbarrier with
+ *                and of K and V blocks into a two-stage ring; each load completes on a "full" mbarrier with
  *                expected transaction bytes, and a slot is refilled once the consumers have arrived on its
  *                "empty" mbarrier. The ring runs on across tiles, so the next tile's first K block and Q are
  *                in flight while the consumers finish the current one.
@@ -44,12 +44,14 @@
  *
  * Parts: fa3_cfg (tile shapes, shared-memory layout, register split, what differs with three consumer
  * warpgroups), fa3_bar_layout (every barrier's offset, the area's size, initialisation), fa3_pipe (the stage
- * and barrier parity of a ring's use number), fa3_sched (tile order and claims); for the producer
- * fa3_publish_tile and fa3_v_fixer; for the consumers fa3_consumer_tile, fa3_mask_info_make, fa3_overlap_tile
- * (fa3_overlap_first, fa3_overlap_blocks, fa3_overlap_tail, fa3_skip_blocks), fa3_idle_tile and fa3_store_lse.
- * The producer's load loop, the loop without the overlap and the O store stay in the kernel body: moved into
- * functions of their own, they changed the order of the compiler's intermediate code and with it ptxas's
- * register allocation.
+ * and barrier parity of a ring's use number), fa3_sched (tile order and claims); for the producer fa3_producer
+ * (fa3_publish_tile, fa3_load_tile) and fa3_v_fixer; for the consumers fa3_consumer_tile, fa3_mask_info_make,
+ * fa3_overlap_tile (fa3_overlap_first, fa3_overlap_blocks, fa3_overlap_tail, fa3_skip_blocks) or fa3_plain_tile,
+ * fa3_idle_tile, and the epilogue fa3_finalize, fa3_store_lse, fa3_store_o. ptxas's register allocation follows
+ * the numbering of the PTX registers, which follows the order of the compiler's intermediate code: the use
+ * counters are plain ints passed by reference (fa3_load_tile), and the arrays a part fills for the kernel
+ * (fa3_finalize's inv and lse) are the kernel's, so that the default kernels' SASS is what it was with these
+ * parts inline.
  */
 #ifndef FLASHATTN_CUDA_FA3_FWD_CUH
 #define FLASHATTN_CUDA_FA3_FWD_CUH
@@ -168,6 +170,10 @@ struct fa3_krows {
     int pad;
 };
 
+/* Stages of the K and V rings. Two: a third does not fit in shared memory at head dims 128 (with O's own tiles)
+ * and 256, and the steps whose stages are compile-time constants (fa3_overlap_fast) alternate between two. */
+enum { FA3_STAGES = 2 };
+
 /* The ring of barrier-guarded buffers that a use number j falls in (the K stages, the V stages, a warpgroup's Q
  * tile, the two slots of published tile indices): use j takes stage j % N in round j / N. A barrier's phase
  * completes once per round, so whoever waits for a stage to be filled waits for the parity of the round and
@@ -184,7 +190,7 @@ struct fa3_pipe {
 
 /* The shared-memory area after the tiles: the mbarriers (8 bytes each) and what the producer publishes beside
  * them. Offsets are bytes from the area's start; one layout gives both the addresses and the size. */
-template <int NWG, int STAGES>
+template <int NWG>
 struct fa3_bar_layout {
     static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it (kSharedGeo) */
     static constexpr int kTileRing = 4;  /* entries of the rings of published tiles: tile k in entry k % 4 */
@@ -192,15 +198,15 @@ struct fa3_bar_layout {
     static constexpr int kQFull = 0;                       /* per consumer warpgroup: its Q tile loaded */
     static constexpr int kQEmpty = kQFull + 8 * NWG;       /* ... and free again */
     static constexpr int kKFull = kQEmpty + 8 * NWG;       /* per stage */
-    static constexpr int kKEmpty = kKFull + 8 * STAGES;
-    static constexpr int kVFull = kKEmpty + 8 * STAGES;
-    static constexpr int kVEmpty = kVFull + 8 * STAGES;
-    static constexpr int kTileFull = kVEmpty + 8 * STAGES; /* per slot of the two published tile indices */
+    static constexpr int kKEmpty = kKFull + 8 * FA3_STAGES;
+    static constexpr int kVFull = kKEmpty + 8 * FA3_STAGES;
+    static constexpr int kVEmpty = kVFull + 8 * FA3_STAGES;
+    static constexpr int kTileFull = kVEmpty + 8 * FA3_STAGES; /* per slot of the two published tile indices */
     static constexpr int kTileEmpty = kTileFull + 16;
     static constexpr int kVReady = kTileEmpty + 16;        /* per V stage: rows past the sequence zeroed (varlen) */
-    static constexpr int kTileIds = kVReady + 8 * STAGES;  /* int[2]: the published tile indices */
-    static constexpr int kVValid = kTileIds + 8;           /* int[STAGES]: rows of each V stage in the sequence */
-    static constexpr int kHeadBytes = kVValid + ((4 * STAGES + 7) / 8) * 8;
+    static constexpr int kTileIds = kVReady + 8 * FA3_STAGES; /* int[2]: the published tile indices */
+    static constexpr int kVValid = kTileIds + 8; /* int[FA3_STAGES]: rows of each V stage in the sequence */
+    static constexpr int kHeadBytes = kVValid + ((4 * FA3_STAGES + 7) / 8) * 8;
     /* then, with three consumer warpgroups, the rings of tile geometries and of fa3_krows */
     static constexpr int kGeo = kHeadBytes;
     static constexpr int kKrows = kGeo + kTileRing * kGeoBytes;
@@ -214,7 +220,7 @@ struct fa3_bar_layout {
             hp_mbar_init(area + kQFull + 8 * i, 1);
             hp_mbar_init(area + kQEmpty + 8 * i, 4); /* one arrival per warp of the warpgroup */
         }
-        for (int i = 0; i < STAGES; ++i) {
+        for (int i = 0; i < FA3_STAGES; ++i) {
             hp_mbar_init(area + kKFull + 8 * i, 1);
             hp_mbar_init(area + kVFull + 8 * i, 1);
             hp_mbar_init(area + kKEmpty + 8 * i, 4 * NWG); /* one arrival per consumer warp */
@@ -224,14 +230,14 @@ struct fa3_bar_layout {
             hp_mbar_init(area + kTileFull + 8 * i, 1);
             hp_mbar_init(area + kTileEmpty + 8 * i, shared_geo ? 128 * NWG : 4 * NWG);
         }
-        for (int i = 0; i < STAGES; ++i) hp_mbar_init(area + kVReady + 8 * i, 1);
+        for (int i = 0; i < FA3_STAGES; ++i) hp_mbar_init(area + kVReady + 8 * i, 1);
         hp_fence_barrier_init();
     }
 };
 
-template <int D, int BN, int NWG, int STAGES>
+template <int D, int BN, int NWG>
 struct fa3_cfg {
-    typedef fa3_bar_layout<NWG, STAGES> Bars;
+    typedef fa3_bar_layout<NWG> Bars;
     static constexpr int kGeoBytes = Bars::kGeoBytes;
     static constexpr int kTileRing = Bars::kTileRing;
     static constexpr int kBlockM   = 64 * NWG;
@@ -244,8 +250,8 @@ struct fa3_cfg {
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
-    static constexpr int kOffV = kOffK + STAGES * kKVBytes;
-    static constexpr int kOffO = kOffV + STAGES * kKVBytes;
+    static constexpr int kOffV = kOffK + FA3_STAGES * kKVBytes;
+    static constexpr int kOffO = kOffV + FA3_STAGES * kKVBytes;
     static constexpr bool kSeparateO = kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
@@ -1036,19 +1042,19 @@ static __device__ __forceinline__ void fa3_pp_first_turn(int c) {
  * K sits in stage KST of a two-stage ring: with the stages compile-time constants every wgmma descriptor is a
  * constant offset from the ring base, which ptxas keeps on the uniform datapath; with a run-time stage it
  * rebuilds each descriptor in vector registers and moves it over (R2UR) before each wgmma. */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int KST>
-static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
-                                                        float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
-                                                        float (&m)[2], float (&l)[2], const fa3_args &a,
-                                                        const fa3_mask_info &mi, int n_min, int row0, int lane,
-                                                        int c) {
-    static_assert(KST < 0 || STAGES == 2, "compile-time stages need a two-stage ring");
+template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int KST>
+static __device__ __forceinline__ void
+fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
+                 float (&o)[D / 2], uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a,
+                 const fa3_mask_info &mi, int n_min, int row0, int lane, int c) {
+    static_assert(KST < 0 || FA3_STAGES == 2, "compile-time stages need a two-stage ring");
     constexpr int kKV = BN * D * 2;
     const int j = kv + i; /* K(i); V(i - 1) is use j - 1 */
-    const int st = KST < 0 ? fa3_pipe<STAGES>::stage(j) : KST, sp = KST < 0 ? fa3_pipe<STAGES>::stage(j - 1) : KST ^ 1;
+    const int st = KST < 0 ? fa3_pipe<FA3_STAGES>::stage(j) : KST,
+              sp = KST < 0 ? fa3_pipe<FA3_STAGES>::stage(j - 1) : KST ^ 1;
     fa3_pp_sync<PINGPONG>(c); /* K(i) has landed: waited for one block earlier */
     fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
-    hp_mbar_wait(r.v_full + 8 * sp, fa3_pipe<STAGES>::phase(j - 1));
+    hp_mbar_wait(r.v_full + 8 * sp, fa3_pipe<FA3_STAGES>::phase(j - 1));
     fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + sp * kKV, BN * 128, 1024));
     fa3_pp_arrive<PINGPONG, NWG>(c, false);
     hp_wgmma_wait<1>();
@@ -1071,7 +1077,7 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
     }
     /* Waiting for the next K block here (it is needed next anyway) puts a loop between the softmax and the
      * wait below; otherwise ptxas hoists that wait above the softmax and P V(i - 1) no longer overlaps it. */
-    if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * fa3_pipe<STAGES>::stage(j + 1), fa3_pipe<STAGES>::phase(j + 1));
+    if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * fa3_pipe<FA3_STAGES>::stage(j + 1), fa3_pipe<FA3_STAGES>::phase(j + 1));
     hp_wgmma_wait<0>();
     fa3_pv_done<D, BN>(o, p);
     FA3_EV(FA3_EV_PV_DONE, i);
@@ -1090,15 +1096,14 @@ static __device__ __forceinline__ void fa3_overlap_step(int i, int nb, int kv, c
 
 /* A tile's first key block in the overlapped schedule: Q K(0)^T (with three consumer warpgroups without a turn,
  * fa3_first_qk_free), its softmax (fa3_first_scores with three) and P(0), then the wait for K(1). */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
-static __device__ __forceinline__ void fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
-                                                         float (&s)[BN / 2], uint32_t (&p)[BN / 4], float (&m)[2],
-                                                         float (&l)[2], float (&factor)[2], const fa3_args &a,
-                                                         const fa3_mask_info &mi, int n_min, int row0, int lane,
-                                                         int c) {
+template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void
+fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
+                  uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
+                  const fa3_mask_info &mi, int n_min, int row0, int lane, int c) {
     constexpr int kKV = BN * D * 2;
-    const int st0 = fa3_pipe<STAGES>::stage(kv);
-    hp_mbar_wait(r.k_full + 8 * st0, fa3_pipe<STAGES>::phase(kv));
+    const int st0 = fa3_pipe<FA3_STAGES>::stage(kv);
+    hp_mbar_wait(r.k_full + 8 * st0, fa3_pipe<FA3_STAGES>::phase(kv));
     if (!fa3_first_qk_free(NWG)) fa3_pp_sync<PINGPONG>(c);
     fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
     if (!fa3_first_qk_free(NWG)) fa3_pp_arrive<PINGPONG, NWG>(c, false);
@@ -1112,58 +1117,56 @@ static __device__ __forceinline__ void fa3_overlap_first(int nbw, int kv, const 
     else
         fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, lane % 4);
     fa3_convert_p<BN, BF16>(s, p);
-    if (nbw > 1) hp_mbar_wait(r.k_full + 8 * fa3_pipe<STAGES>::stage(kv + 1), fa3_pipe<STAGES>::phase(kv + 1));
+    if (nbw > 1) hp_mbar_wait(r.k_full + 8 * fa3_pipe<FA3_STAGES>::stage(kv + 1), fa3_pipe<FA3_STAGES>::phase(kv + 1));
 }
 
 /* N (1 or 2) blocks from i, neither masked nor softcapped, in steps whose ring stages are compile-time constants
  * (one copy of the code per parity of block i's stage). */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int N>
-static __device__ __forceinline__ void fa3_overlap_fast(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
-                                                        float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
-                                                        float (&m)[2], float (&l)[2], const fa3_args &a,
-                                                        const fa3_mask_info &mi, int n_min, int row0, int lane,
-                                                        int c) {
+template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int N>
+static __device__ __forceinline__ void
+fa3_overlap_fast(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
+                 float (&o)[D / 2], uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a,
+                 const fa3_mask_info &mi, int n_min, int row0, int lane, int c) {
     static_assert(N == 1 || N == 2, "one or two blocks");
-    if (fa3_pipe<STAGES>::stage(kv + i) != 0) {
-        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
-                                                                    lane, c);
+    if (fa3_pipe<FA3_STAGES>::stage(kv + i) != 0) {
+        fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                      row0, lane, c);
         if (N == 2)
-            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 0>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
-                                                                        n_min, row0, lane, c);
+            fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 0>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
+                                                                          n_min, row0, lane, c);
     } else {
-        fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 0>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
-                                                                    lane, c);
+        fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 0>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                      row0, lane, c);
         if (N == 2)
-            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
-                                                                        n_min, row0, lane, c);
+            fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
+                                                                          n_min, row0, lane, c);
     }
 }
 
 /* Key blocks [1, nbw) of a tile in the overlapped schedule. Blocks [fast_lo, fast_hi) need neither mask nor
  * softcap: pairs of them take the steps with compile-time stages, and so does a lone one (kLoneFast; an even
  * block count leaves one after the tile's first block); the other blocks the general step. */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
-static __device__ __forceinline__ void fa3_overlap_blocks(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
-                                                          float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
-                                                          float (&m)[2], float (&l)[2], const fa3_args &a,
-                                                          const fa3_mask_info &mi, int n_min, int row0, int lane,
-                                                          int c) {
-    constexpr bool kLoneFast = fa3_cfg<D, BN, NWG, STAGES>::kLoneFast;
+template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void
+fa3_overlap_blocks(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
+                   uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a, const fa3_mask_info &mi,
+                   int n_min, int row0, int lane, int c) {
+    constexpr bool kLoneFast = fa3_cfg<D, BN, NWG>::kLoneFast;
     const int fast_lo = max(1, mi.n_lo - n_min);
     const int fast_hi = GENERAL && a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
 #pragma unroll 1
     for (int i = 1; i < nbw;) {
         if (i >= fast_lo && i + 1 < fast_hi) {
-            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m, l, a,
-                                                                                  mi, n_min, row0, lane, c);
+            fa3_overlap_fast<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                          row0, lane, c);
             i += 2;
         } else if (kLoneFast && i >= fast_lo && i < fast_hi) {
-            fa3_overlap_fast<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m, l, a,
-                                                                                  mi, n_min, row0, lane, c);
+            fa3_overlap_fast<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                          row0, lane, c);
             ++i;
         } else {
-            fa3_overlap_step<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m, l, a,
-                                                                                   mi, n_min, row0, lane, c);
+            fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m, l, a, mi,
+                                                                           n_min, row0, lane, c);
             ++i;
         }
     }
@@ -1171,12 +1174,12 @@ static __device__ __forceinline__ void fa3_overlap_blocks(int nbw, int kv, const
 
 /* The last P V of a tile (overlapped schedule). half (with HALF): no row sees the block's second half, so P is
  * zero there and the P V takes the first half of the keys only. */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool HALF>
+template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool HALF>
 static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa3_ring &r, float (&o)[D / 2],
                                                         uint32_t (&p)[BN / 4], bool half, int lane, int c) {
     const int j = kv + nb - 1;
-    const int sl = fa3_pipe<STAGES>::stage(j);
-    hp_mbar_wait(r.v_full + 8 * sl, fa3_pipe<STAGES>::phase(j));
+    const int sl = fa3_pipe<FA3_STAGES>::stage(j);
+    hp_mbar_wait(r.v_full + 8 * sl, fa3_pipe<FA3_STAGES>::phase(j));
     fa3_pp_sync<PINGPONG>(c);
     const uint64_t desc_v = hp_desc_sw128(r.s_v + sl * (BN * D * 2), BN * 128, 1024);
     if (HALF && half)
@@ -1195,7 +1198,7 @@ static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa
  * block 0 has none, fa3_first_qk_free) and releases every K and V block like the others, so that the barriers'
  * counts and phases stay what the producer and the other warpgroups expect. A block is released only once it has
  * landed: an early arrival would count towards the stage's previous use. */
-template <int NWG, int STAGES, bool PINGPONG>
+template <int NWG, bool PINGPONG>
 static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, const fa3_ring &r, int lane, int c) {
 #pragma unroll 1
     for (int i = i0; i < nb; ++i) {
@@ -1204,8 +1207,8 @@ static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, c
             fa3_pp_arrive<PINGPONG, NWG>(c, false);
         }
         const int j = kv + i;
-        const int st = fa3_pipe<STAGES>::stage(j);
-        const uint32_t parity = fa3_pipe<STAGES>::phase(j);
+        const int st = fa3_pipe<FA3_STAGES>::stage(j);
+        const uint32_t parity = fa3_pipe<FA3_STAGES>::phase(j);
         hp_mbar_wait(r.k_full + 8 * st, parity);
         fa3_release(r.k_empty + 8 * st, lane);
         hp_mbar_wait(r.v_full + 8 * st, parity);
@@ -1215,13 +1218,13 @@ static __device__ __forceinline__ void fa3_skip_blocks(int i0, int nb, int kv, c
 
 /* A tile in which this warpgroup has no rows: Q and every block skipped, then the turn of the tile's last P V
  * (the turns run on across tiles in these kernels: no first turn to hand over). */
-template <int NWG, int STAGES, bool PINGPONG>
+template <int NWG, bool PINGPONG>
 static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_ring &r, uint32_t q_full,
                                                      uint32_t q_empty, uint32_t q_parity, int lane, int c) {
     static_assert(fa3_turns_across_tiles(NWG), "idle tiles take no first turn");
     hp_mbar_wait(q_full, q_parity);
     fa3_release(q_empty, lane);
-    fa3_skip_blocks<NWG, STAGES, PINGPONG>(0, nb, kv, r, lane, c);
+    fa3_skip_blocks<NWG, PINGPONG>(0, nb, kv, r, lane, c);
     fa3_pp_sync<PINGPONG>(c);
     fa3_pp_arrive<PINGPONG, NWG>(c, true);
 }
@@ -1229,13 +1232,12 @@ static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_r
 /* A tile's key blocks in the overlapped schedule, for consumer warpgroup c: the first block, the steady state,
  * the last P V, and the blocks past the warpgroup's own rows skipped. q_empty: the warpgroup's Q tile, free once
  * every Q K^T has completed where O has tiles of its own and Q is read from shared memory. */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
-static __device__ __forceinline__ void fa3_overlap_tile(int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
-                                                        float (&s)[BN / 2], float (&o)[D / 2], uint32_t (&p)[BN / 4],
-                                                        float (&m)[2], float (&l)[2], float (&factor)[2],
-                                                        const fa3_args &a, const fa3_tile &g, const fa3_mask_info &mi,
-                                                        int row0, int lane, int c, uint32_t q_empty) {
-    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void
+fa3_overlap_tile(int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
+                 uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
+                 const fa3_tile &g, const fa3_mask_info &mi, int row0, int lane, int c, uint32_t q_empty) {
+    typedef fa3_cfg<D, BN, NWG> C;
     constexpr bool kSkipIdle = C::kSkipIdle;
     const int n_min = g.n_min;
     /* Under a right-bounded mask the rows of the tile's first warpgroups may end before its last key blocks,
@@ -1250,14 +1252,111 @@ static __device__ __forceinline__ void fa3_overlap_tile(int nb, int kv, const fa
         if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
         half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
     }
-    fa3_overlap_first<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, p, m, l, factor, a, mi, n_min,
-                                                                        row0, lane, c);
-    fa3_overlap_blocks<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
-                                                                         row0, lane, c);
+    fa3_overlap_first<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, p, m, l, factor, a, mi, n_min, row0,
+                                                                lane, c);
+    fa3_overlap_blocks<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, o, p, m, l, a, mi, n_min, row0, lane,
+                                                                 c);
     /* Every Q K^T of the tile has completed. */
     if (C::kSeparateO && !QRS) fa3_release(q_empty, lane);
-    fa3_overlap_tail<D, BN, NWG, STAGES, BF16, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane, c);
-    if constexpr (kSkipIdle) fa3_skip_blocks<NWG, STAGES, PINGPONG>(nbw, nb, kv, r, lane, c);
+    fa3_overlap_tail<D, BN, NWG, BF16, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane, c);
+    if constexpr (kSkipIdle) fa3_skip_blocks<NWG, PINGPONG>(nbw, nb, kv, r, lane, c);
+}
+
+/* A tile's key blocks without the overlap (the measurement schedules of a tuning build): per block Q K^T, the
+ * softmax and P V, each GEMM in a turn of its own. q_empty as in fa3_overlap_tile. */
+template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void
+fa3_plain_tile(int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
+               uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
+               const fa3_tile &g, const fa3_mask_info &mi, int row0, int lane, int c, uint32_t q_empty) {
+    typedef fa3_cfg<D, BN, NWG> C;
+    const int nb = g.nblocks, n_min = g.n_min, quad = lane % 4;
+#pragma unroll 1
+    for (int i = 0; i < nb; ++i) {
+        const int j = kv + i;
+        const int st = fa3_pipe<FA3_STAGES>::stage(j);
+        const uint32_t parity = fa3_pipe<FA3_STAGES>::phase(j);
+        hp_mbar_wait(r.k_full + 8 * st, parity);
+        fa3_pp_sync<PINGPONG>(c);
+        fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st * C::kKVBytes, 16, 1024));
+        fa3_pp_arrive<PINGPONG, NWG>(c, false);
+        hp_wgmma_wait<0>();
+#pragma unroll
+        for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
+        fa3_release(r.k_empty + 8 * st, lane);
+        if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(q_empty, lane);
+        if (fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min + i, row0, quad))
+            fa3_rescale<D>(o, factor);
+        fa3_convert_p<BN, BF16>(s, p);
+        hp_mbar_wait(r.v_full + 8 * st, parity);
+        fa3_pp_sync<PINGPONG>(c);
+        fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + st * C::kKVBytes, C::kKVSlab, 1024));
+        fa3_pp_arrive<PINGPONG, NWG>(c, i == nb - 1);
+        hp_wgmma_wait<0>();
+        fa3_pv_done<D, BN>(o, p);
+        fa3_release(r.v_empty + 8 * st, lane);
+    }
+}
+
+/* A tile's rows at its end: full row sums, then per row of the thread the factor of O (1 / l) and the LSE
+ * (natural log). A row the mask leaves no key (none at all, or the window's right edge before key 0; its left
+ * edge never passes the last key, where the last row sits) gets O = 0, not O / l (a masked key's 0 times a NaN in
+ * V reaches it), and LSE = -inf; a row that sees keys but whose sum is not positive (NaN after a NaN or +inf
+ * score, 0 when every visible score is -inf) is NaN. seq_row0: the thread's first row in the sequence. */
+template <int D>
+static __device__ __forceinline__ void fa3_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
+                                                    float (&inv)[2], float (&lse)[2], const fa3_args &a,
+                                                    const fa3_tile &g, int seq_row0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+        const bool empty = g.len_k == 0 || (a.window_right >= 0 &&
+                                            (long long)seq_row0 + 8 * hh + g.len_k - g.len_q + a.window_right < 0);
+        if (empty) {
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i)
+                if (((i >> 1) & 1) == hh) o[i] = 0.0f;
+        }
+        inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? 1.0f / l[hh] : NAN;
+        lse[hh] = empty          ? -INFINITY
+                  : l[hh] > 0.0f ? (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
+                                 : NAN;
+    }
+}
+
+/* A consumer warpgroup's O of a tile (times inv): through shared memory and one TMA store (rows past a dense
+ * sequence's end fall outside the tensor map and are not written); directly for tiles that saw no key and
+ * varlen tiles that reach past their sequence. Where O is staged in the Q tile, that tile is then released. */
+template <int D, int BN, int NWG, bool BF16>
+static __device__ __forceinline__ void fa3_store_o(const float (&o)[D / 2], const float (&inv)[2], const fa3_args &a,
+                                                   const fa3_tile &g, const CUtensorMap &tm_o, uint8_t *smem, int nb,
+                                                   int seq_row0, bool varlen, int c, int t, int warp, int lane) {
+    typedef fa3_cfg<D, BN, NWG> C;
+    const uint32_t s_q = hp_smem_addr(smem), bar_q_empty = s_q + C::kOffBar + C::Bars::kQEmpty;
+    const int wg_row0 = fa3_wg_row0(g, c);
+    const bool tma_store = nb > 0 && (!varlen || wg_row0 + 64 <= g.len_q);
+    if (tma_store) {
+        const uint32_t s_o = C::kSeparateO ? s_q + C::kOffO + c * C::kQBytes : s_q + c * C::kQBytes;
+        if (C::kSeparateO) {
+            if (t == 0) hp_tma_store_wait_read(); /* the previous tile's store has left the buffer */
+            hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
+        }
+        fa3_o_to_smem<D, BF16>(o, inv, s_o, warp, lane);
+        hp_fence_proxy_async();
+        hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
+        if (t == 0) {
+            hp_tma_store_5d(&tm_o, s_o, 0, g.tok_q + wg_row0, 0, g.h, varlen ? 0 : g.b);
+            hp_tma_store_commit();
+            if (!C::kSeparateO) {
+                hp_tma_store_wait_read(); /* O sits in the Q tile: free it for the next tile's Q */
+                hp_mbar_arrive_cnt(bar_q_empty + 8 * c, 4);
+            }
+        }
+    } else {
+        fa3_o_to_global<D, BF16>(o, inv, a, g, seq_row0, lane % 4);
+        if (!C::kSeparateO && nb > 0) fa3_release(bar_q_empty + 8 * c, lane);
+    }
 }
 
 #endif /* FA_SM90A */
@@ -1265,14 +1364,14 @@ static __device__ __forceinline__ void fa3_overlap_tile(int nb, int kv, const fa
 /* Warpgroup 0's second warp in a varlen batch: every V block in ring order; zero the rows past the sequence, then
  * mark the block ready. The rows of a V block past its sequence belong to the next sequence or to the padding
  * after the last one, which may hold anything (NaN), and 0 * NaN in P V would poison O. */
-template <int D, int BN, int NWG, int STAGES>
+template <int D, int BN, int NWG>
 static __device__ __forceinline__ void fa3_v_fixer(uint32_t s_v, uint32_t bar_v_full, uint32_t bar_v_ready,
                                                    volatile const int *v_valid) {
-    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    typedef fa3_cfg<D, BN, NWG> C;
     const int lane = threadIdx.x % 32;
     for (int j = 0;; ++j) {
-        const int st = fa3_pipe<STAGES>::stage(j);
-        hp_mbar_wait(bar_v_full + 8 * st, fa3_pipe<STAGES>::phase(j));
+        const int st = fa3_pipe<FA3_STAGES>::stage(j);
+        hp_mbar_wait(bar_v_full + 8 * st, fa3_pipe<FA3_STAGES>::phase(j));
         const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0); /* as tile_ids */
         if (valid < 0) break;
         if (valid < BN) {
@@ -1293,10 +1392,10 @@ static __device__ __forceinline__ void fa3_v_fixer(uint32_t s_v, uint32_t bar_v_
 /* A consumer's geometry of the tile it took: the producer's copy (three consumer warpgroups; every thread reads
  * it, then releases the index slot tile_empty), else its own fa3_sched::tile_get. False: the tile starts past
  * its sequence. */
-template <int D, int BN, int NWG, int STAGES, bool GENERAL>
+template <int D, int BN, int NWG, bool GENERAL>
 static __device__ __forceinline__ bool fa3_consumer_tile(const fa3_args &a, int tile, const fa3_tile &published,
                                                          uint32_t tile_empty, fa3_tile &g) {
-    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    typedef fa3_cfg<D, BN, NWG> C;
     if constexpr (C::kSharedGeo) {
         g = published;
         hp_mbar_arrive(tile_empty);
@@ -1306,25 +1405,123 @@ static __device__ __forceinline__ bool fa3_consumer_tile(const fa3_args &a, int 
     }
 }
 
+/* The producer's loads of a tile with key blocks (one thread). K(i) goes out before V(i - 1): with the overlap,
+ * Q K(i)^T is issued before P(i - 1) V(i - 1). The first K block goes before Q, which may wait for the previous
+ * tile's epilogue. kv: the K/V ring's use number of the tile's first block; q_loads: the Q tiles', counted on
+ * here. */
+template <int D, int BN, int NWG>
+static __device__ __forceinline__ void fa3_load_tile(const fa3_args &a, const fa3_tile &g, int &kv, int &q_loads,
+                                                     bool varlen, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
+                                                     const CUtensorMap &tm_v, uint8_t *smem) {
+    typedef fa3_cfg<D, BN, NWG> C;
+    typedef typename C::Bars B;
+    const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV, bars = s_q + C::kOffBar;
+    volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid);
+    const int bq = varlen ? 0 : g.b, hk = C::kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
+    for (int i = 0; i <= g.nblocks; ++i) {
+        if (i < g.nblocks) {
+            const int j = kv + i;
+            const int st = fa3_pipe<FA3_STAGES>::stage(j);
+            hp_mbar_wait(bars + B::kKEmpty + 8 * st, fa3_pipe<FA3_STAGES>::empty_phase(j));
+            FA3_EV(FA3_EV_KLOAD, i);
+            hp_mbar_arrive_expect_tx(bars + B::kKFull + 8 * st, C::kKVBytes);
+            hp_tma_load_5d(s_k + st * C::kKVBytes, &tm_k, bars + B::kKFull + 8 * st, 0, g.tok_k + (g.n_min + i) * BN, 0,
+                           hk, bq);
+        }
+        if (i == 0) {
+            for (int w = 0; w < NWG; ++w) {
+                hp_mbar_wait(bars + B::kQEmpty + 8 * w, fa3_pipe<1>::empty_phase(q_loads));
+                if (!C::kSkipIdle || fa3_wg_has_rows(g, w)) {
+                    hp_mbar_arrive_expect_tx(bars + B::kQFull + 8 * w, C::kQBytes);
+                    hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bars + B::kQFull + 8 * w, 0,
+                                   g.tok_q + fa3_wg_row0(g, w), 0, g.h, bq);
+                    FA3_EV(FA3_EV_QLOAD, w);
+                } else {
+                    hp_mbar_arrive(bars + B::kQFull + 8 * w);
+                }
+            }
+            ++q_loads;
+        } else {
+            const int j = kv + i - 1;
+            const int st = fa3_pipe<FA3_STAGES>::stage(j);
+            hp_mbar_wait(bars + B::kVEmpty + 8 * st, fa3_pipe<FA3_STAGES>::empty_phase(j));
+            FA3_EV(FA3_EV_VLOAD, i - 1);
+            v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
+            hp_mbar_arrive_expect_tx(bars + B::kVFull + 8 * st, C::kKVBytes);
+            hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bars + B::kVFull + 8 * st, 0,
+                           g.tok_k + (g.n_min + i - 1) * BN, 0, hk, bq);
+        }
+    }
+    kv += g.nblocks;
+}
+
+/* Warpgroup 0's first thread: claims the tiles (fa3_sched), publishes each one's index (with kSharedGeo also its
+ * geometry) to the consumers in the two index slots, and loads its Q, K and V (fa3_load_tile). */
+template <int D, int BN, int NWG, bool GENERAL>
+static __device__ __forceinline__ void fa3_producer(const fa3_args &a, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
+                                                    const CUtensorMap &tm_v, uint8_t *smem, bool varlen) {
+    typedef fa3_cfg<D, BN, NWG> C;
+    typedef typename C::Bars B;
+    const uint32_t bars = hp_smem_addr(smem) + C::kOffBar;
+    volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
+    volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid);
+    fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
+    fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows);
+    hp_prefetch_tensor_map(&tm_q);
+    hp_prefetch_tensor_map(&tm_k);
+    hp_prefetch_tensor_map(&tm_v);
+    if (a.tile_counter != nullptr && blockIdx.x == 0) fa3_sched::counter_reset(a);
+    int claim = blockIdx.x, q_loads = 0, kv = 0;
+    for (int k = 0;; ++k) {
+        const int tile = C::kSharedGeo ? fa3_sched::claim_order(a, claim) : claim;
+        /* Publish the tile index (double-buffered) to the consumers. */
+        const int slot = fa3_pipe<2>::stage(k);
+        hp_mbar_wait(bars + B::kTileEmpty + 8 * slot, fa3_pipe<2>::empty_phase(k));
+        tile_ids[slot] = tile;
+        fa3_tile g;
+        bool valid = false;
+        if (C::kSharedGeo && tile < a.num_tiles) {
+            valid = fa3_sched::tile_get<C::kBlockM, BN, C::kSkipIdle, GENERAL, C::kFastDiv>(a, tile, g);
+            fa3_publish_tile(a, g, valid, varlen, geo[k & (C::kTileRing - 1)], krows[k & (C::kTileRing - 1)]);
+        }
+        hp_mbar_arrive(bars + B::kTileFull + 8 * slot);
+        if (tile >= a.num_tiles) break;
+        FA3_EV(FA3_EV_PTILE, tile);
+        if (!C::kSharedGeo) valid = fa3_sched::tile_get<C::kBlockM, BN, C::kSkipIdle, GENERAL, C::kFastDiv>(a, tile, g);
+        if (valid && g.nblocks > 0) {
+            fa3_load_tile<D, BN, NWG>(a, g, kv, q_loads, varlen, tm_q, tm_k, tm_v, smem);
+        }
+        /* The next tile is claimed once this one's loads are out (about two blocks before the consumers finish
+         * it), not when it starts: the SM that frees up first takes the next tile of the order (measured 1-3%
+         * faster at head dim 128). */
+        claim = fa3_sched::next_claim(a, claim, k == 0);
+    }
+    if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
+        const int st = fa3_pipe<FA3_STAGES>::stage(kv);
+        hp_mbar_wait(bars + B::kVEmpty + 8 * st, fa3_pipe<FA3_STAGES>::empty_phase(kv));
+        v_valid[st] = -1;
+        hp_mbar_arrive(bars + B::kVFull + 8 * st);
+    }
+}
+
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
 
-template <int D, int BN, int NWG, int STAGES, typename T, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                    const __grid_constant__ fa3_args a) {
 #if FA_SM90A
-    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    typedef fa3_cfg<D, BN, NWG> C;
     constexpr bool BF16 = fa3_elem_traits<T>::kBF16; /* what the helpers and the wgmma wrappers take */
     constexpr int BM = C::kBlockM;
-    constexpr bool kSkipIdle = C::kSkipIdle, kLoneFast = C::kLoneFast, kFastDiv = C::kFastDiv;
+    constexpr bool kSkipIdle = C::kSkipIdle, kFastDiv = C::kFastDiv;
     static_assert(!kSkipIdle || OVERLAP, "skipped tiles and blocks take the turns of the overlapped schedule");
     /* With Q in registers its tile is free once loaded; O must then have tiles of its own. */
     static_assert(!QRS || C::kSeparateO, "Q in registers needs separate O tiles");
 
     uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
     const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV;
-    const uint32_t s_obuf = s_q + C::kOffO; /* the O tiles, when kSeparateO */
     typedef typename C::Bars B;
     const uint32_t bar_q_full = s_q + C::kOffBar + B::kQFull, bar_q_empty = s_q + C::kOffBar + B::kQEmpty;
     const uint32_t bar_k_full = s_q + C::kOffBar + B::kKFull, bar_k_empty = s_q + C::kOffBar + B::kKEmpty;
@@ -1336,7 +1533,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     constexpr bool kSharedGeo = C::kSharedGeo;
     static_assert(sizeof(fa3_tile) <= C::kGeoBytes, "tile geometry slot");
     fa3_tile *geo = (fa3_tile *)(smem + C::kOffGeo);
-    fa3_krows *krows = (fa3_krows *)(smem + C::kOffKrows); /* kSharedGeo kernels */
     const bool varlen = GENERAL && a.cu_q != nullptr;
     /* In a varlen batch the rows of a V block past its sequence belong to the next sequence or to the padding
      * after the last one, which may hold anything (NaN): 0 * NaN in P V would poison O. There the second
@@ -1353,86 +1549,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
-        if (threadIdx.x == 0) {
-            hp_prefetch_tensor_map(&tm_q);
-            hp_prefetch_tensor_map(&tm_k);
-            hp_prefetch_tensor_map(&tm_v);
-            if (a.tile_counter != nullptr && blockIdx.x == 0) fa3_sched::counter_reset(a);
-            int claim = blockIdx.x, kv = 0, q_loads = 0;
-            for (int k = 0;; ++k) {
-                const int tile = kSharedGeo ? fa3_sched::claim_order(a, claim) : claim;
-                /* Publish the tile index (double-buffered) to the consumers. */
-                const int slot = fa3_pipe<2>::stage(k);
-                hp_mbar_wait(bar_tile_empty + 8 * slot, fa3_pipe<2>::empty_phase(k));
-                tile_ids[slot] = tile;
-                fa3_tile g;
-                bool valid = false;
-                if (kSharedGeo && tile < a.num_tiles) {
-                    valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-                    fa3_publish_tile(a, g, valid, varlen, geo[k & (C::kTileRing - 1)], krows[k & (C::kTileRing - 1)]);
-                }
-                hp_mbar_arrive(bar_tile_full + 8 * slot);
-                if (tile >= a.num_tiles) break;
-                FA3_EV(FA3_EV_PTILE, tile);
-                if (!kSharedGeo) valid = fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-                if (valid && g.nblocks > 0) {
-                    const int bq = varlen ? 0 : g.b, hk = kFastDiv ? fa3_div(a.div_group, g.h) : g.h / a.group;
-                    /* K(i) goes out before V(i - 1): with the overlap, Q K(i)^T is issued before P(i - 1) V(i - 1).
-                     * The first K block goes before Q, which may wait for the previous tile's epilogue. */
-                    for (int i = 0; i <= g.nblocks; ++i) {
-                        if (i < g.nblocks) {
-                            const int j = kv + i;
-                            const int st = fa3_pipe<STAGES>::stage(j);
-                            hp_mbar_wait(bar_k_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
-                            FA3_EV(FA3_EV_KLOAD, i);
-                            hp_mbar_arrive_expect_tx(bar_k_full + 8 * st, C::kKVBytes);
-                            hp_tma_load_5d(s_k + st * C::kKVBytes, &tm_k, bar_k_full + 8 * st, 0,
-                                           g.tok_k + (g.n_min + i) * BN, 0, hk, bq);
-                        }
-                        if (i == 0) {
-                            for (int w = 0; w < NWG; ++w) {
-                                hp_mbar_wait(bar_q_empty + 8 * w, fa3_pipe<1>::empty_phase(q_loads));
-                                if (!kSkipIdle || fa3_wg_has_rows(g, w)) {
-                                    hp_mbar_arrive_expect_tx(bar_q_full + 8 * w, C::kQBytes);
-                                    hp_tma_load_5d(s_q + w * C::kQBytes, &tm_q, bar_q_full + 8 * w, 0,
-                                                   g.tok_q + fa3_wg_row0(g, w), 0, g.h, bq);
-                                    FA3_EV(FA3_EV_QLOAD, w);
-                                } else {
-                                    hp_mbar_arrive(bar_q_full + 8 * w);
-                                }
-                            }
-                            ++q_loads;
-                        } else {
-                            const int j = kv + i - 1;
-                            const int st = fa3_pipe<STAGES>::stage(j);
-                            hp_mbar_wait(bar_v_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(j));
-                            FA3_EV(FA3_EV_VLOAD, i - 1);
-                            v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
-                            hp_mbar_arrive_expect_tx(bar_v_full + 8 * st, C::kKVBytes);
-                            hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bar_v_full + 8 * st, 0,
-                                           g.tok_k + (g.n_min + i - 1) * BN, 0, hk, bq);
-                        }
-                    }
-                    kv += g.nblocks;
-                }
-                /* The next tile is claimed once this one's loads are out (about STAGES blocks before the consumers
-                 * finish it), not when it starts: the SM that frees up first takes the next tile of the order
-                 * (measured 1-3% faster at head dim 128). */
-                claim = fa3_sched::next_claim(a, claim, k == 0);
-            }
-            if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
-                const int st = fa3_pipe<STAGES>::stage(kv);
-                hp_mbar_wait(bar_v_empty + 8 * st, fa3_pipe<STAGES>::empty_phase(kv));
-                v_valid[st] = -1;
-                hp_mbar_arrive(bar_v_full + 8 * st);
-            }
-        } else if (varlen && threadIdx.x / 32 == 1) {
-            fa3_v_fixer<D, BN, NWG, STAGES>(s_v, bar_v_full, bar_v_ready, v_valid);
-        }
+        if (threadIdx.x == 0)
+            fa3_producer<D, BN, NWG, GENERAL>(a, tm_q, tm_k, tm_v, smem, varlen);
+        else if (varlen && threadIdx.x / 32 == 1)
+            fa3_v_fixer<D, BN, NWG>(s_v, bar_v_full, bar_v_ready, v_valid);
     } else {
         hp_setmaxnreg_inc<C::kRegsConsumer>();
         const int c = wg - 1;
-        const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32, quad = lane % 4;
+        const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
         fa3_qop<D, QRS> q;
         q.desc = hp_desc_sw128(s_q + c * C::kQBytes, 16, 1024);
         int kv = 0, q_uses = 0;
@@ -1450,27 +1574,34 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
              * not follow that and reported the producer's next write as a race). (One release after the geometry
              * read for both cases measured 1-1.5% slower up to 2k.) */
             const int tile = __shfl_sync(0xffffffffu, lane == 0 ? tile_ids[slot] : 0, 0);
-            if (!kSharedGeo) fa3_release(bar_tile_empty + 8 * slot, lane);
-            else if (tile >= a.num_tiles) hp_mbar_arrive(bar_tile_empty + 8 * slot);
+            if (!kSharedGeo)
+                fa3_release(bar_tile_empty + 8 * slot, lane);
+            else if (tile >= a.num_tiles)
+                hp_mbar_arrive(bar_tile_empty + 8 * slot);
             FA3_EV(FA3_EV_INDEX, tile);
             if (tile >= a.num_tiles) break;
             fa3_tile g;
-            if (!fa3_consumer_tile<D, BN, NWG, STAGES, GENERAL>(a, tile, geo[k & (C::kTileRing - 1)],
-                                                               bar_tile_empty + 8 * slot, g))
+            if (!fa3_consumer_tile<D, BN, NWG, GENERAL>(a, tile, geo[k & (C::kTileRing - 1)], bar_tile_empty + 8 * slot,
+                                                        g))
                 continue;
             FA3_EV(FA3_EV_TILE, tile);
             /* The thread's rows, row0 and row0 + 8, counted from m0 (the rows of the sequence are row0 - shift
              * and row0 + 8 - shift): the shift goes into the mask's offset, and the loop sees the same row
              * arithmetic as without it (with the shift in row0 ptxas scheduled the unmasked steps worse). */
             const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4;
-            const int nb = g.nblocks, n_min = g.n_min;
-            const fa3_ring r = {s_k, s_v, bar_k_full, bar_k_empty, bar_v_wait, bar_v_empty,
-                                s_q + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (k & (C::kTileRing - 1))};
+            const int nb = g.nblocks;
+            const fa3_ring r = { s_k,
+                                 s_v,
+                                 bar_k_full,
+                                 bar_k_empty,
+                                 bar_v_wait,
+                                 bar_v_empty,
+                                 s_q + C::kOffKrows + (uint32_t)sizeof(fa3_krows) * (k & (C::kTileRing - 1)) };
             if constexpr (kSkipIdle) {
                 if (!fa3_wg_has_rows(g, c)) {
                     if (nb > 0) {
-                        fa3_idle_tile<NWG, STAGES, PINGPONG>(nb, kv, r, bar_q_full + 8 * c, bar_q_empty + 8 * c,
-                                                             fa3_pipe<1>::phase(q_uses), lane, c);
+                        fa3_idle_tile<NWG, PINGPONG>(nb, kv, r, bar_q_full + 8 * c, bar_q_empty + 8 * c,
+                                                     fa3_pipe<1>::phase(q_uses), lane, c);
                         kv += nb;
                         ++q_uses;
                     }
@@ -1482,7 +1613,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             float o[D / 2];
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-            float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+            float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
 
             if (nb > 0) {
                 float s[BN / 2];
@@ -1499,94 +1630,25 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     __syncwarp();
                     fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
                 }
-                if (OVERLAP) {
-                    fa3_overlap_tile<D, BN, NWG, STAGES, BF16, PINGPONG, QRS, GENERAL>(
+                if (OVERLAP)
+                    fa3_overlap_tile<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL>(
                         nb, kv, r, q, s, o, p, m, l, factor, a, g, mi, row0, lane, c, bar_q_empty + 8 * c);
-                } else {
-#pragma unroll 1
-                    for (int i = 0; i < nb; ++i) {
-                        const int j = kv + i;
-                        const int st = fa3_pipe<STAGES>::stage(j);
-                        const uint32_t parity = fa3_pipe<STAGES>::phase(j);
-                        hp_mbar_wait(bar_k_full + 8 * st, parity);
-                        fa3_pp_sync<PINGPONG>(c);
-                        fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(s_k + st * C::kKVBytes, 16, 1024));
-                        fa3_pp_arrive<PINGPONG, NWG>(c, false);
-                        hp_wgmma_wait<0>();
-#pragma unroll
-                        for (int jj = 0; jj < BN / 2; ++jj) hp_fence_reg(s[jj]);
-                        fa3_release(bar_k_empty + 8 * st, lane);
-                        if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(bar_q_empty + 8 * c, lane);
-                        if (fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min + i, row0, quad))
-                            fa3_rescale<D>(o, factor);
-                        fa3_convert_p<BN, BF16>(s, p);
-                        hp_mbar_wait(bar_v_wait + 8 * st, parity);
-                        fa3_pp_sync<PINGPONG>(c);
-                        fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(s_v + st * C::kKVBytes, C::kKVSlab, 1024));
-                        fa3_pp_arrive<PINGPONG, NWG>(c, i == nb - 1);
-                        hp_wgmma_wait<0>();
-                        fa3_pv_done<D, BN>(o, p);
-                        fa3_release(bar_v_empty + 8 * st, lane);
-                    }
-                }
+                else
+                    fa3_plain_tile<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL>(kv, r, q, s, o, p, m, l, factor, a, g, mi,
+                                                                             row0, lane, c, bar_q_empty + 8 * c);
             }
 
             /* The geometry again (from the ring) rather than kept in registers through the loop. */
-            if constexpr (kSharedGeo) g = geo[k & (C::kTileRing - 1)];
-            else fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
-
+            if constexpr (kSharedGeo)
+                g = geo[k & (C::kTileRing - 1)];
+            else
+                fa3_sched::tile_get<BM, BN, kSkipIdle, GENERAL, kFastDiv>(a, tile, g);
             FA3_EV(FA3_EV_EPI, tile);
-            /* Finalize: full row sums, O / l, LSE (natural log). A row the mask leaves no key (none at all, or the
-             * window's right edge before key 0; its left edge never passes the last key, where the last row sits)
-             * gets O = 0, not O / l (a masked key's 0 times a NaN in V reaches it), and LSE = -inf; a row that sees
-             * keys but whose sum is not positive (NaN after a NaN or +inf score, 0 when every visible score is
-             * -inf) is NaN. */
             const int seq_row0 = row0 - g.shift;
             float inv[2], lse[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
-                l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-                const bool empty = g.len_k == 0 || (a.window_right >= 0 && (long long)seq_row0 + 8 * hh + g.len_k -
-                                                                                  g.len_q + a.window_right < 0);
-                if (empty) {
-#pragma unroll
-                    for (int i = 0; i < D / 2; ++i)
-                        if (((i >> 1) & 1) == hh) o[i] = 0.0f;
-                }
-                inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? 1.0f / l[hh] : NAN;
-                lse[hh] = empty ? -INFINITY
-                          : l[hh] > 0.0f ? (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
-                                         : NAN;
-            }
-            if (a.lse != nullptr && quad == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
-
-            /* O through shared memory and one TMA store (rows past a dense sequence's end fall outside the
-             * tensor map and are not written); directly for tiles that saw no key and varlen tiles that reach
-             * past their sequence. */
-            const int wg_row0 = fa3_wg_row0(g, c);
-            const bool tma_store = nb > 0 && (!varlen || wg_row0 + 64 <= g.len_q);
-            if (tma_store) {
-                const uint32_t s_o = C::kSeparateO ? s_obuf + c * C::kQBytes : s_q + c * C::kQBytes;
-                if (C::kSeparateO) {
-                    if (t == 0) hp_tma_store_wait_read(); /* the previous tile's store has left the buffer */
-                    hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
-                }
-                fa3_o_to_smem<D, BF16>(o, inv, s_o, warp, lane);
-                hp_fence_proxy_async();
-                hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
-                if (t == 0) {
-                    hp_tma_store_5d(&tm_o, s_o, 0, g.tok_q + wg_row0, 0, g.h, varlen ? 0 : g.b);
-                    hp_tma_store_commit();
-                    if (!C::kSeparateO) {
-                        hp_tma_store_wait_read(); /* O sits in the Q tile: free it for the next tile's Q */
-                        hp_mbar_arrive_cnt(bar_q_empty + 8 * c, 4);
-                    }
-                }
-            } else {
-                fa3_o_to_global<D, BF16>(o, inv, a, g, seq_row0, quad);
-                if (!C::kSeparateO && nb > 0) fa3_release(bar_q_empty + 8 * c, lane);
-            }
+            fa3_finalize<D>(o, l, m, inv, lse, a, g, seq_row0);
+            if (a.lse != nullptr && lane % 4 == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
+            fa3_store_o<D, BN, NWG, BF16>(o, inv, a, g, tm_o, smem, nb, seq_row0, varlen, c, t, warp, lane);
             FA3_EV(FA3_EV_EPI_END, tile);
             if (nb > 0) {
                 kv += nb;
@@ -1644,13 +1706,13 @@ static inline bool fa3_needs_general(const fa3_args *a) {
  * flag is what the per-head-dim launchers pass). QRS: Q K^T takes Q from registers. GENERAL = false: a kernel
  * for dense batches without softcap and without a left window edge (plain, causal, right windows): its masked
  * step is shorter, and it spills less. */
-template <int D, int BN, int NWG, int STAGES, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS = false, bool GENERAL = true>
+template <int D, int BN, int NWG, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS = false, bool GENERAL = true>
 static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
-    typedef fa3_cfg<D, BN, NWG, STAGES> C;
+    typedef fa3_cfg<D, BN, NWG> C;
     if (!GENERAL && fa3_needs_general(&pr->args))
         return fa_fail(FA_ERR_INTERNAL, "fa3 forward: softcap, a left window or varlen in a kernel without them");
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
-        fa3_fwd_kernel<D, BN, NWG, STAGES, typename fa3_elem<BF16>::type, OVERLAP, PINGPONG, QRS, GENERAL>;
+        fa3_fwd_kernel<D, BN, NWG, typename fa3_elem<BF16>::type, OVERLAP, PINGPONG, QRS, GENERAL>;
     cudaError_t err = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            C::kSmemBytes);
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: setting the shared-memory size");

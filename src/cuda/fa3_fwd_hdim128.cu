@@ -9,17 +9,17 @@
 
 fa_status fa3_run_hdim128(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream) {
     if (block_n != 128) return fa_fail(FA_ERR_INTERNAL, "fa3 forward: head dim 128 has no %d-key block", block_n);
-    if (!bf16) return fa3_launch<128, 128, 2, 2, false, true, true, true>(pr, stream);
+    if (!bf16) return fa3_launch<128, 128, 2, false, true, true, true>(pr, stream);
 #ifdef FA_TUNING
     switch (schedule) {
-    case FA3_SCHEDULE_FULL: return fa3_launch<128, 128, 2, 2, true, true, true>(pr, stream);
-    case FA3_SCHEDULE_OVERLAP: return fa3_launch<128, 128, 2, 2, true, true, false>(pr, stream);
-    case FA3_SCHEDULE_PINGPONG: return fa3_launch<128, 128, 2, 2, true, false, true>(pr, stream);
-    case FA3_SCHEDULE_PLAIN: return fa3_launch<128, 128, 2, 2, true, false, false>(pr, stream);
+    case FA3_SCHEDULE_FULL: return fa3_launch<128, 128, 2, true, true, true>(pr, stream);
+    case FA3_SCHEDULE_OVERLAP: return fa3_launch<128, 128, 2, true, true, false>(pr, stream);
+    case FA3_SCHEDULE_PINGPONG: return fa3_launch<128, 128, 2, true, false, true>(pr, stream);
+    case FA3_SCHEDULE_PLAIN: return fa3_launch<128, 128, 2, true, false, false>(pr, stream);
     default: break;
     }
 #else
     (void)schedule;
 #endif
-    return fa3_launch<128, 128, 2, 2, true, true, true, true>(pr, stream);
+    return fa3_launch<128, 128, 2, true, true, true, true>(pr, stream);
 }

@@ -11,8 +11,8 @@ fa_status fa3_run_hdim256(const fa3_problem *pr, int bf16, int block_n, int sche
     (void)schedule;
     if (block_n != 80) return fa_fail(FA_ERR_INTERNAL, "fa3 forward: head dim 256 has no %d-key block", block_n);
     if (fa3_needs_general(&pr->args))
-        return bf16 ? fa3_launch<256, 80, 2, 2, true, true, true>(pr, stream)
-                    : fa3_launch<256, 80, 2, 2, false, true, true>(pr, stream);
-    return bf16 ? fa3_launch<256, 80, 2, 2, true, true, true, false, false>(pr, stream)
-                : fa3_launch<256, 80, 2, 2, false, true, true, false, false>(pr, stream);
+        return bf16 ? fa3_launch<256, 80, 2, true, true, true>(pr, stream)
+                    : fa3_launch<256, 80, 2, false, true, true>(pr, stream);
+    return bf16 ? fa3_launch<256, 80, 2, true, true, true, false, false>(pr, stream)
+                : fa3_launch<256, 80, 2, false, true, true, false, false>(pr, stream);
 }

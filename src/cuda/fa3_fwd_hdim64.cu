@@ -16,25 +16,25 @@ fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block
 #endif
     if (block_m == 128) {
         if (block_n != 128) return fa_fail(FA_ERR_INTERNAL, "fa3 forward: head dim 64 has no 128 x %d tile", block_n);
-        if (!bf16) return fa3_launch<64, 128, 2, 2, false, true, false, true>(pr, stream);
+        if (!bf16) return fa3_launch<64, 128, 2, false, true, false, true>(pr, stream);
 #ifdef FA_TUNING
         switch (schedule) {
-        case FA3_SCHEDULE_OVERLAP: return fa3_launch<64, 128, 2, 2, true, true, false>(pr, stream);
-        case FA3_SCHEDULE_FULL: return fa3_launch<64, 128, 2, 2, true, true, true>(pr, stream);
+        case FA3_SCHEDULE_OVERLAP: return fa3_launch<64, 128, 2, true, true, false>(pr, stream);
+        case FA3_SCHEDULE_FULL: return fa3_launch<64, 128, 2, true, true, true>(pr, stream);
         default: break;
         }
 #endif
-        return fa3_launch<64, 128, 2, 2, true, true, false, true>(pr, stream);
+        return fa3_launch<64, 128, 2, true, true, false, true>(pr, stream);
     }
 #ifdef FA_TUNING
     if (block_n == 96)
-        return bf16 ? fa3_launch<64, 96, 3, 2, true, true, true>(pr, stream)
-                    : fa3_launch<64, 96, 3, 2, false, true, true>(pr, stream);
+        return bf16 ? fa3_launch<64, 96, 3, true, true, true>(pr, stream)
+                    : fa3_launch<64, 96, 3, false, true, true>(pr, stream);
 #endif
     if (block_n != 128) return fa_fail(FA_ERR_INTERNAL, "fa3 forward: head dim 64 has no 192 x %d tile", block_n);
     if (fa3_needs_general(&pr->args))
-        return bf16 ? fa3_launch<64, 128, 3, 2, true, true, true>(pr, stream)
-                    : fa3_launch<64, 128, 3, 2, false, true, true>(pr, stream);
-    return bf16 ? fa3_launch<64, 128, 3, 2, true, true, true, false, false>(pr, stream)
-                : fa3_launch<64, 128, 3, 2, false, true, true, false, false>(pr, stream);
+        return bf16 ? fa3_launch<64, 128, 3, true, true, true>(pr, stream)
+                    : fa3_launch<64, 128, 3, false, true, true>(pr, stream);
+    return bf16 ? fa3_launch<64, 128, 3, true, true, true, false, false>(pr, stream)
+                : fa3_launch<64, 128, 3, false, true, true, false, false>(pr, stream);
 }
