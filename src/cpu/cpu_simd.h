@@ -219,18 +219,8 @@ FA_INLINE fa_vf fa_vtanh(fa_vf x) {
  * holding up the first multiply-adds. */
 enum { FA_UK_SET = 0, FA_UK_ADD = 1, FA_UK_SCALE_ADD = 2 };
 
-/*
- * The micro-kernel: C[FA_MR x nr*FA_VL] (op)= A[FA_MR x kc] B[kc x nr*FA_VL], nr <= FA_NR, with the
- * accumulators in registers for the whole k loop. Row i of A at step k is a[i * a_row + k * a_k] (one of
- * the two strides is 1 at every call site, the other a compile-time constant, so every A element is a
- * broadcast from a fixed offset of one moving pointer); vector v of row k of B is at b + k * ldb + v * b_vec
- * (b_vec = FA_VL for plain rows; packed operands keep each vector column as its own contiguous strip); row i
- * of C is c + i * ldc. Inlined into callers that pass constants for nr, a_row, a_k, b_vec and mode.
- */
-FA_INLINE void fa_ukernel(const int nr, int64_t kc, const float *a, const int64_t a_row, const int64_t a_k,
-                          const float *b, const int64_t ldb, const int64_t b_vec, float *c, const int64_t ldc,
-                          const int mode, const float *row_scale) {
-    fa_vf acc[FA_MR][FA_NR];
+/* The micro-kernels' accumulators from zero, with C's rows prefetched where C enters at the end. */
+FA_INLINE void fa_uk_begin(fa_vf (*acc)[FA_NR], const int nr, const float *c, const int64_t ldc, const int mode) {
     FA_UNROLL(16)
     for (int i = 0; i < FA_MR; i++) {
         FA_UNROLL(4)
@@ -238,19 +228,11 @@ FA_INLINE void fa_ukernel(const int nr, int64_t kc, const float *a, const int64_
         if (mode != FA_UK_SET) __builtin_prefetch(c + i * ldc, 1, 3);
         if (mode != FA_UK_SET && nr * FA_VL > 16) __builtin_prefetch(c + i * ldc + nr * FA_VL - 1, 1, 3);
     }
-    for (; kc > 0; kc--) {
-        fa_vf bv[FA_NR];
-        FA_UNROLL(4)
-        for (int v = 0; v < nr; v++) bv[v] = fa_vload(b + v * b_vec);
-        FA_UNROLL(16)
-        for (int i = 0; i < FA_MR; i++) {
-            fa_vf av = fa_vset1(a[i * a_row]);
-            FA_UNROLL(4)
-            for (int v = 0; v < nr; v++) acc[i][v] = fa_vfma(av, bv[v], acc[i][v]);
-        }
-        a += a_k;
-        b += ldb;
-    }
+}
+
+/* C (op)= the accumulators, by mode. */
+FA_INLINE void fa_uk_end(fa_vf (*acc)[FA_NR], const int nr, float *c, const int64_t ldc, const int mode,
+                         const float *row_scale) {
     FA_UNROLL(16)
     for (int i = 0; i < FA_MR; i++) {
         FA_UNROLL(4)
@@ -264,6 +246,35 @@ FA_INLINE void fa_ukernel(const int nr, int64_t kc, const float *a, const int64_
                 fa_vstore(ci, fa_vfma(fa_vload(ci), fa_vset1(row_scale[i]), acc[i][v]));
         }
     }
+}
+
+/*
+ * The micro-kernel: C[FA_MR x nr*FA_VL] (op)= A[FA_MR x kc] B[kc x nr*FA_VL], nr <= FA_NR, with the
+ * accumulators in registers for the whole k loop. Row i of A at step k is a[i * a_row + k * a_k] (one of
+ * the two strides is 1 at every call site, the other a compile-time constant, so every A element is a
+ * broadcast from a fixed offset of one moving pointer); vector v of row k of B is at b + k * ldb + v * b_vec
+ * (b_vec = FA_VL for plain rows; packed operands keep each vector column as its own contiguous strip); row i
+ * of C is c + i * ldc. Inlined into callers that pass constants for nr, a_row, a_k, b_vec and mode.
+ */
+FA_INLINE void fa_ukernel(const int nr, int64_t kc, const float *a, const int64_t a_row, const int64_t a_k,
+                          const float *b, const int64_t ldb, const int64_t b_vec, float *c, const int64_t ldc,
+                          const int mode, const float *row_scale) {
+    fa_vf acc[FA_MR][FA_NR];
+    fa_uk_begin(acc, nr, c, ldc, mode);
+    for (; kc > 0; kc--) {
+        fa_vf bv[FA_NR];
+        FA_UNROLL(4)
+        for (int v = 0; v < nr; v++) bv[v] = fa_vload(b + v * b_vec);
+        FA_UNROLL(16)
+        for (int i = 0; i < FA_MR; i++) {
+            fa_vf av = fa_vset1(a[i * a_row]);
+            FA_UNROLL(4)
+            for (int v = 0; v < nr; v++) acc[i][v] = fa_vfma(av, bv[v], acc[i][v]);
+        }
+        a += a_k;
+        b += ldb;
+    }
+    fa_uk_end(acc, nr, c, ldc, mode, row_scale);
 }
 
 /* Operand layouts of fa_gemm. A: rows i of group g = i / FA_MR start at a + g * grp + (i % FA_MR) * row and
@@ -353,14 +364,8 @@ FA_INLINE void fa_rows_to_bf16_pairs(const float *src, int64_t ld, int64_t nrows
 FA_INLINE void fa_ukernel_bf16(const int nr, int64_t kp, const uint32_t *a, const int64_t a_row, const int64_t a_k,
                                const uint32_t *b, const int64_t ldb, const int64_t b_vec, float *c, const int64_t ldc,
                                const int mode, const float *row_scale) {
-    __m512 acc[FA_MR][FA_NR];
-    FA_UNROLL(16)
-    for (int i = 0; i < FA_MR; i++) {
-        FA_UNROLL(4)
-        for (int v = 0; v < nr; v++) acc[i][v] = _mm512_setzero_ps();
-        if (mode != FA_UK_SET) __builtin_prefetch(c + i * ldc, 1, 3);
-        if (mode != FA_UK_SET && nr * FA_VL > 16) __builtin_prefetch(c + i * ldc + nr * FA_VL - 1, 1, 3);
-    }
+    fa_vf acc[FA_MR][FA_NR];
+    fa_uk_begin(acc, nr, c, ldc, mode);
     for (; kp > 0; kp--) {
         __m512bh bv[FA_NR];
         FA_UNROLL(4)
@@ -374,19 +379,7 @@ FA_INLINE void fa_ukernel_bf16(const int nr, int64_t kp, const uint32_t *a, cons
         a += a_k;
         b += ldb;
     }
-    FA_UNROLL(16)
-    for (int i = 0; i < FA_MR; i++) {
-        FA_UNROLL(4)
-        for (int v = 0; v < nr; v++) {
-            float *ci = c + i * ldc + v * FA_VL;
-            if (mode == FA_UK_SET)
-                fa_vstore(ci, acc[i][v]);
-            else if (mode == FA_UK_ADD)
-                fa_vstore(ci, fa_vload(ci) + acc[i][v]);
-            else
-                fa_vstore(ci, fa_vfma(fa_vload(ci), fa_vset1(row_scale[i]), acc[i][v]));
-        }
-    }
+    fa_uk_end(acc, nr, c, ldc, mode, row_scale);
 }
 
 /* fa_gemm over kp pairs of k, the layouts' strides in words. */
