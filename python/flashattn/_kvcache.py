@@ -104,7 +104,7 @@ def build(dtype, q, k_cache, v_cache, k, v, out, rotary_cos, rotary_sin, cache_s
 
 def run(p, kv, exe, allocate):
     """Runs the call with a workspace from allocate(bytes) (an object kept alive until the call returns, and
-    its address)."""
+    its address); returns the workspace's bytes."""
     n = _lib.workspace_size_kvcache(p, kv, exe)
     holder = None
     if n:
@@ -112,3 +112,4 @@ def run(p, kv, exe, allocate):
         exe.workspace, exe.workspace_bytes = address, n
     _lib.call("fa_fwd_kvcache", ctypes.byref(p), ctypes.byref(kv), ctypes.byref(exe))
     del holder
+    return n

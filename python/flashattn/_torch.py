@@ -881,7 +881,33 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     CUDA graph (the split count does not depend on cache_seqlens). No autograd (as flash-attn's). Returns out, or (out, softmax_lse (batch, heads_q,
     seqlen_q) float32) with return_softmax_lse=True.
     """
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+            block_table, alibi_slopes)
+    options = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, return_softmax_lse)
+    if type(cache_seqlens) is int or _is_compiling() or any(t is not None and type(t) is not Tensor for t in args):
+        return _kvcache_call(args, options)[0]
+    key = options + tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in args)
+    cache = _cache()
+    try:
+        dec = cache.get(key, False)
+    except TypeError:  # an unhashable option (a list for window_size): the checks take it
+        return _kvcache_call(args, options)[0]
+    if dec:
+        return dec.run(args, return_softmax_lse)
+    result, p, kv, exe, workspace_bytes = _kvcache_call(args, options)
+    if dec is False:
+        cache[key] = _PreparedDecode.make(p, kv, exe, workspace_bytes, args)
+    return result
+
+
+def _kvcache_call(args, options):
+    """flash_attn_with_kvcache with every check: its result, the fa_params, fa_kvcache and fa_exec it ran, and
+    the workspace bytes it took."""
     from . import _kvcache
+
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+     alibi_slopes) = args
+    softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits, return_softmax_lse = options
 
     _check_tensor("q", q)
     dtype = _DTYPES[q.dtype]
@@ -905,7 +931,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         alibi_slopes = alibi_slopes.contiguous()
         alibi = (alibi_slopes.data_ptr(), heads_q if alibi_slopes.dim() == 2 else 0)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads_q, q.shape[1] if q.dim() == 4 else 0), dtype=torch.float32, device=q.device)
+    lse = None
+    if return_softmax_lse:
+        lse = torch.empty((batch, heads_q, q.shape[1] if q.dim() == 4 else 0), dtype=torch.float32, device=q.device)
     p, kv = _kvcache.build(dtype, view("q", q), view("k_cache", k_cache), view("v_cache", v_cache), view("k", k),
                            view("v", v), view("out", out), view("rotary_cos", rotary_cos),
                            view("rotary_sin", rotary_sin),
@@ -913,11 +941,87 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              _kvcache.View(n, ints[n].data_ptr(), tuple(ints[n].shape), ints[n].stride())
                              for n in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table")),
                            softmax_scale, causal, window_size, softcap, alibi, rotary_interleaved, num_splits)
-    p.lse = lse.data_ptr()
+    p.lse = None if lse is None else lse.data_ptr()
 
     def allocate(n):
         ws = torch.empty(n, dtype=torch.uint8, device=q.device)
         return ws, ws.data_ptr()
 
-    _kvcache.run(p, kv, _exec_for(q), allocate)
-    return (out, lse) if return_softmax_lse else out
+    exe = _exec_for(q)
+    workspace_bytes = _kvcache.run(p, kv, exe, allocate)
+    return ((out, lse) if return_softmax_lse else out), p, kv, exe, workspace_bytes
+
+
+_fa_fwd_kvcache = _lib.lib["fa_fwd_kvcache"]  # a second handle taking the three blocks by address (see _by_address)
+_fa_fwd_kvcache.restype = ctypes.c_int
+_fa_fwd_kvcache.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+
+# The fields of a decode call that take an argument's data pointer: (block, field, the argument's position in
+# flash_attn_with_kvcache's tensors). fa_tensor fields get it in .data.
+_DECODE_TENSORS = (("p", "q", 0), ("kv", "k_cache", 1), ("kv", "v_cache", 2), ("p", "k", 3), ("p", "v", 4))
+_DECODE_POINTERS = (("kv", "rotary_cos", 5), ("kv", "rotary_sin", 6), ("kv", "cache_seqlens", 7),
+                    ("kv", "cache_batch_idx", 8), ("kv", "cache_leftpad", 9), ("kv", "block_table", 10),
+                    ("p", "alibi_slopes", 11))
+
+
+class _PreparedDecode:
+    """A decode signature's fa_params, fa_kvcache and fa_exec as its first call (which ran every check) filled
+    them; later calls set the data pointers, the stream and the workspace, and call the library, which validates
+    every call as always (lengths, page indices, alignment). The CUDA workspace depends on sizes alone; the
+    CPU's on the lengths, so it is asked for at every CPU call."""
+
+    __slots__ = ("params", "kv", "exe", "addrs", "tensors", "pointers", "cuda", "device", "device_index",
+                 "workspace_bytes", "lse_shape", "o")
+
+    @staticmethod
+    def make(p, kv, exe, workspace_bytes, args):
+        """The prepared call, or None where the first call passed the library a copy of an argument (a strided
+        int32 array or alibi_slopes): later calls must copy it too."""
+        q, cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes = args[0], args[7], args[8], args[9], args[11]
+        for t in (cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes):
+            if t is not None and not t.is_contiguous():
+                return None
+        return _PreparedDecode(p, kv, exe, workspace_bytes, args)
+
+    def __init__(self, p, kv, exe, workspace_bytes, args):
+        blocks = {"p": p, "kv": kv}
+        self.params, self.kv, self.exe = p, kv, exe
+        self.addrs = (ctypes.addressof(p), ctypes.addressof(kv), ctypes.addressof(exe))
+        self.tensors = tuple((getattr(blocks[b], f), i) for b, f, i in _DECODE_TENSORS if args[i] is not None)
+        self.pointers = tuple((blocks[b], f, i) for b, f, i in _DECODE_POINTERS if args[i] is not None)
+        self.o = p.o
+        q = args[0]
+        self.cuda = q.device.type == "cuda"
+        self.device, self.device_index = q.device, exe.device
+        self.workspace_bytes = workspace_bytes
+        self.lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+
+    def run(self, args, with_lse):
+        out = _empty_like(args[0], memory_format=_CONTIGUOUS)
+        self.o.data = out.data_ptr()
+        for view, i in self.tensors:
+            view.data = args[i].data_ptr()
+        for block, field, i in self.pointers:
+            setattr(block, field, args[i].data_ptr())
+        p, exe = self.params, self.exe
+        lse = None
+        if with_lse:
+            lse = _empty(*self.lse_shape, dtype=torch.float32, device=self.device)
+            p.lse = lse.data_ptr()
+        workspace = None
+        if self.cuda:
+            exe.stream = _current_stream(self.device_index)
+            if self.workspace_bytes:
+                workspace = _empty(self.workspace_bytes, dtype=torch.uint8, device=self.device)
+                exe.workspace = workspace.data_ptr()
+        else:
+            exe.num_threads = torch.get_num_threads()
+            exe.workspace, exe.workspace_bytes = None, 0
+            n = _lib.workspace_size_kvcache(p, self.kv, exe)
+            if n:
+                workspace = _empty(n, dtype=torch.uint8, device=self.device)
+                exe.workspace, exe.workspace_bytes = workspace.data_ptr(), n
+        status = _fa_fwd_kvcache(*self.addrs)
+        if status:
+            _lib.raise_for_status("fa_fwd_kvcache", status)
+        return (out, lse) if with_lse else out

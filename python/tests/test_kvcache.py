@@ -330,6 +330,78 @@ def test_torch_errors_and_scalar_seqlens():
     assert torch.equal(before, t["k_cache"])
 
 
+def _torch_inputs(a, dtype, device):
+    return {k: ((torch.from_numpy(v).to(dtype) if v.dtype == np.float32 else torch.from_numpy(v)).to(device)
+                if isinstance(v, np.ndarray) else v) for k, v in a.items()}
+
+
+@pytest.mark.parametrize("case", ["paged_append_rotary", "batch_idx_leftpad", "whole_cache_window_alibi"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_torch_prepared_calls_equal_checked_calls(device, case):
+    """Later calls of a signature skip the Python checks and reuse the first call's parameter blocks: with new
+    data, new lengths and the cache the previous call appended to, each equals (bit for bit: outputs, lse, the
+    cache) a call that builds everything anew; lengths past the cache still fail in the library, naming the
+    field, with nothing written."""
+    from flashattn import _torch as ft
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    opts = dict(return_softmax_lse=True, causal=True)
+    if case == "paged_append_rotary":
+        a = _make(np.float32, batch=3, hq=8, hkv=2, sq=2, n_new=2, cap=70, page=16, rotary_dim=32)
+    elif case == "batch_idx_leftpad":
+        a = _make(np.float32, batch=3, hq=4, hkv=4, sq=1, n_new=1, cap=40, leftpad=True, batch_idx=True)
+    else:
+        a = _make(np.float32, batch=2, hq=4, hkv=1, sq=1, n_new=0, cap=50)
+        opts = dict(return_softmax_lse=False, window_size=(7, 0), softcap=5.0,
+                    alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625], device=device))
+    fast = _torch_inputs(a, dtype, device)
+    ft._cache().clear()
+    keep = []
+    for step in range(3):
+        checked = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in fast.items()}
+        got = flashattn.flash_attn_with_kvcache(**fast, **opts)
+        names = ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx",
+                 "cache_leftpad", "block_table", "alibi_slopes")
+        merged = dict(checked, **{k: v for k, v in opts.items() if k == "alibi_slopes"})
+        want = ft._kvcache_call(tuple(merged.get(n) for n in names),
+                                (None, opts["causal"] if "causal" in opts else False, opts.get("window_size", (-1, -1)),
+                                 opts.get("softcap", 0.0), True, 0, opts["return_softmax_lse"]))[0]
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert torch.equal(g, w)
+        assert torch.equal(fast["k_cache"], checked["k_cache"]) and torch.equal(fast["v_cache"], checked["v_cache"])
+        # the next step: new tensors (new addresses: the old ones stay alive) with new data and lengths
+        keep.append(dict(fast))
+        for name in ("q", "k", "v"):
+            if name in fast:
+                fast[name] = torch.randn_like(fast[name])
+        cap = (fast["block_table"].shape[1] * fast["k_cache"].shape[1] if "block_table" in fast
+               else fast["k_cache"].shape[1])
+        n_new = fast["k"].shape[1] if "k" in fast else 0
+        fast["cache_seqlens"] = torch.from_numpy(RNG.integers(n_new, cap - n_new + 1, len(fast["q"]))
+                                                 .astype(np.int32)).to(device)
+        if "cache_leftpad" in fast:
+            fast["cache_leftpad"] = torch.minimum(fast["cache_leftpad"], fast["cache_seqlens"])
+    assert any(isinstance(v, ft._PreparedDecode) for v in ft._cache().values())
+    fast["cache_seqlens"][0] = 10**6
+    before = fast["k_cache"].clone()
+    with pytest.raises(flashattn.FlashAttnError, match=r"cache_seqlens\[0\]"):
+        flashattn.flash_attn_with_kvcache(**fast, **opts)
+    assert torch.equal(before, fast["k_cache"])
+
+
+def test_torch_strided_seqlens_and_list_window_take_the_checked_path():
+    """A strided cache_seqlens (the checked call copies it) and an unhashable window_size are not prepared, and
+    their calls still run."""
+    from flashattn import _torch as ft
+    a = _make(np.float32, batch=2, hq=4, hkv=2, sq=1, n_new=0, cap=32)
+    t = _torch_inputs(a, torch.float32, "cpu")
+    t["cache_seqlens"] = torch.tensor([5, 0, 7, 0], dtype=torch.int32)[::2]
+    ft._cache().clear()
+    first = flashattn.flash_attn_with_kvcache(**t)
+    again = flashattn.flash_attn_with_kvcache(**t, window_size=[-1, -1])
+    assert torch.equal(first, again) and torch.equal(first, flashattn.flash_attn_with_kvcache(**t))
+    assert not any(isinstance(v, ft._PreparedDecode) for v in ft._cache().values())
+
+
 @needs_gpu
 def test_torch_cuda_f32_unsupported():
     a = _make(np.float32, batch=2, hq=4, hkv=2, sq=1, n_new=1, cap=32)

@@ -69,6 +69,7 @@ struct fa3_bwd_cfg {
     /* The producer needs few registers; 24 + 2 x 240 = 3 x 168. */
     static constexpr int kRegsProducer = 24;
     static constexpr int kRegsConsumer = 240;
+    static_assert(hp_reg_split_fits(kRegsProducer, kRegsConsumer, 2), "register split");
     /* dQ = dS K per consumer warpgroup: 64 query rows x 64 columns. */
     static constexpr bool kDQByRows = BM == 128;
     static_assert((BM == 128 && D == 64) || (BM == 64 && D == 128), "dQ splits into two 64 x 64 products");

@@ -262,6 +262,7 @@ struct fa3_cfg {
      * need the full 240 (head dim 256). */
     static constexpr int kRegsProducer = NWG == 3 ? 32 : (BN > 128 || D > 128 ? 24 : 40);
     static constexpr int kRegsConsumer = NWG == 3 ? 160 : (504 - kRegsProducer) / 2;
+    static_assert(hp_reg_split_fits(kRegsProducer, kRegsConsumer, NWG), "register split");
     /* The choices that differ between two and three consumer warpgroups: */
     static constexpr bool kSkipIdle = NWG == 3; /* warpgroups without rows skip the tile (fa3_wg_has_rows) */
     /* A lone unmasked block takes a step with compile-time stages, not the general one: +1-2% at head dim 64.

@@ -165,6 +165,17 @@ HP_DEV uint64_t hp_desc_add(uint64_t desc, uint32_t off16) {
 
 /* ---- registers, barriers ---- */
 
+/* setmaxnreg moves registers within the CTA's own pool, which holds what the launch gave it: the per-thread
+ * count of a kernel with `threads` threads and one CTA per SM (65536 / threads, down to a multiple of 8). A split
+ * whose warpgroups ask for more in all makes setmaxnreg.inc wait forever. */
+__host__ __device__ constexpr int hp_launch_regs(int threads) {
+    return 65536 / threads / 8 * 8;
+}
+__host__ __device__ constexpr bool hp_reg_split_fits(int producer, int consumer, int consumers) {
+    return producer + consumers * consumer <= (consumers + 1) * hp_launch_regs(128 * (consumers + 1)) &&
+           producer % 8 == 0 && consumer % 8 == 0 && producer >= 24 && consumer <= 256;
+}
+
 template <int R>
 HP_DEV void hp_setmaxnreg_inc() {
 #if FA_SM90A
