@@ -74,23 +74,23 @@ fa_status fa_params_init(fa_params *p, fa_dtype dtype, int32_t batch, int32_t se
     fa_clear_error();
     if (!p) return fa_fail(FA_ERR_INVALID_ARGUMENT, "params is NULL");
     memset(p, 0, sizeof *p);
-    p->dtype        = dtype;
-    p->batch        = batch;
-    p->seqlen_q     = seqlen_q;
-    p->seqlen_k     = seqlen_k;
-    p->heads_q      = heads_q;
-    p->heads_kv     = heads_kv;
-    p->head_dim     = head_dim;
-    p->window_left  = -1;
+    p->dtype = dtype;
+    p->batch = batch;
+    p->seqlen_q = seqlen_q;
+    p->seqlen_k = seqlen_k;
+    p->heads_q = heads_q;
+    p->heads_kv = heads_kv;
+    p->head_dim = head_dim;
+    p->window_left = -1;
     p->window_right = -1;
     return FA_OK;
 }
 
 fa_tensor fa_tensor_contiguous(void *data, int64_t seqlen, int32_t heads, int32_t head_dim) {
     fa_tensor t;
-    t.data         = data;
-    t.stride_head  = head_dim;
-    t.stride_seq   = (int64_t)heads * head_dim;
+    t.data = data;
+    t.stride_head = head_dim;
+    t.stride_seq = (int64_t)heads * head_dim;
     t.stride_batch = seqlen * t.stride_seq;
     return t;
 }
@@ -108,7 +108,7 @@ size_t fa_exec_sizeof(void) {
 }
 
 #define FA_STR2(x) #x
-#define FA_STR(x) FA_STR2(x)
+#define FA_STR(x)  FA_STR2(x)
 
 #ifdef FA_WITH_CUDA
 /* The CUDA kernels' head dims (src/cuda/hdims.h) as ",32,64,...": reported without the first comma, read by the
@@ -202,15 +202,17 @@ double fa_flops_fwd(const fa_params *p, const int32_t *host_cu_seqlens_q, const 
 /* An input view: data present, strides non-negative (0 broadcasts). */
 static fa_status check_input(const fa_tensor *t, const char *name, int varlen) {
     if (!t->data) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.data is NULL", name);
-    if (t->stride_seq < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_seq (%lld) is negative", name, (long long)t->stride_seq);
-    if (t->stride_head < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_head (%lld) is negative", name, (long long)t->stride_head);
+    if (t->stride_seq < 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_seq (%lld) is negative", name, (long long)t->stride_seq);
+    if (t->stride_head < 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_head (%lld) is negative", name, (long long)t->stride_head);
     if (!varlen && t->stride_batch < 0)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_batch (%lld) is negative", name, (long long)t->stride_batch);
     return FA_OK;
 }
 
 typedef struct out_dim {
-    int64_t     stride, extent;
+    int64_t stride, extent;
     const char *field;
 } out_dim;
 
@@ -220,22 +222,23 @@ static fa_status check_output(const fa_tensor *t, const char *name, int64_t batc
                               int64_t head_dim, int varlen) {
     fa_status st = check_input(t, name, varlen);
     if (st != FA_OK) return st;
-    out_dim dim[3] = {{t->stride_seq, rows, "stride_seq"}, {t->stride_head, heads, "stride_head"},
-                {varlen ? 0 : t->stride_batch, varlen ? 1 : batch, "stride_batch"}};
+    out_dim dim[3] = { { t->stride_seq, rows, "stride_seq" },
+                       { t->stride_head, heads, "stride_head" },
+                       { varlen ? 0 : t->stride_batch, varlen ? 1 : batch, "stride_batch" } };
     for (int a = 0; a < 3; a++)
         for (int b = a + 1; b < 3; b++)
             if (dim[b].stride < dim[a].stride) {
                 out_dim tmp = dim[a];
-                dim[a]      = dim[b];
-                dim[b]      = tmp;
+                dim[a] = dim[b];
+                dim[b] = tmp;
             }
     if (rows == 0 || heads == 0 || batch == 0) return FA_OK; /* no element at all (a varlen batch of no rows) */
     int64_t span = head_dim; /* elements covered by the dimensions below the current one */
     for (int a = 0; a < 3; a++) {
         if (dim[a].extent <= 1) continue;
         if (dim[a].stride < span)
-            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) makes output elements overlap (needs >= %lld)",
-                           name, dim[a].field, (long long)dim[a].stride, (long long)span);
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) makes output elements overlap (needs >= %lld)", name,
+                           dim[a].field, (long long)dim[a].stride, (long long)span);
         if (__builtin_mul_overflow(dim[a].stride, dim[a].extent, &span))
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) times %lld overflows int64", name, dim[a].field,
                            (long long)dim[a].stride, (long long)dim[a].extent);
@@ -244,20 +247,20 @@ static fa_status check_output(const fa_tensor *t, const char *name, int64_t batc
 }
 
 /* The cu_seqlens of a varlen batch, when they are host memory and can be read. */
-static fa_status check_cu_seqlens(const int32_t *cu, const char *name, int32_t batch, int32_t max_len,
-                                  int64_t total) {
+static fa_status check_cu_seqlens(const int32_t *cu, const char *name, int32_t batch, int32_t max_len, int64_t total) {
     if (cu[0] != 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[0] (%d) is not 0", name, cu[0]);
     for (int32_t b = 0; b < batch; b++) {
         int64_t len = (int64_t)cu[b + 1] - cu[b];
         if (len < 0)
-            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s decreases at index %d (%d -> %d)", name, b + 1, cu[b], cu[b + 1]);
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s decreases at index %d (%d -> %d)", name, b + 1, cu[b],
+                           cu[b + 1]);
         if (len > max_len)
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s: sequence %d has length %lld > the max length %d", name, b,
                            (long long)len, max_len);
     }
     if (cu[batch] > total)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[batch] (%d) exceeds the total token count (%lld)", name,
-                       cu[batch], (long long)total);
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[batch] (%d) exceeds the total token count (%lld)", name, cu[batch],
+                       (long long)total);
     return FA_OK;
 }
 
@@ -267,9 +270,9 @@ static int host_backend(fa_backend b) {
 
 /* The bytes [lo, hi) an array can reach; lo == hi when it reaches none. */
 typedef struct span {
-    uintptr_t   lo, hi;
+    uintptr_t lo, hi;
     const char *name;
-    int         output;
+    int output;
 } span;
 
 /* The span of a (batch, rows, heads, head_dim) view: strides are non-negative (checked before), so the last
@@ -280,21 +283,21 @@ static fa_status tensor_span(const fa_tensor *t, const char *name, int64_t batch
     out->name = name, out->output = output;
     out->lo = out->hi = (uintptr_t)t->data;
     if (!t->data || batch == 0 || rows == 0 || heads == 0) return FA_OK;
-    const int64_t     ext[4]    = {varlen ? 1 : batch, rows, heads, head_dim};
-    const int64_t     stride[4] = {varlen ? 0 : t->stride_batch, t->stride_seq, t->stride_head, 1};
-    static const char *field[4] = {"stride_batch", "stride_seq", "stride_head", "head_dim"};
+    const int64_t ext[4] = { varlen ? 1 : batch, rows, heads, head_dim };
+    const int64_t stride[4] = { varlen ? 0 : t->stride_batch, t->stride_seq, t->stride_head, 1 };
+    static const char *field[4] = { "stride_batch", "stride_seq", "stride_head", "head_dim" };
     int64_t last = 0, term, bytes, largest = -1;
-    int     big = 0; /* the dimension of the largest term: the one to name when the bytes overflow */
+    int big = 0; /* the dimension of the largest term: the one to name when the bytes overflow */
     for (int a = 0; a < 4; a++) {
         if (__builtin_mul_overflow(ext[a] - 1, stride[a], &term) || __builtin_add_overflow(last, term, &last))
-            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) times %lld overflows the tensor's int64 extent",
-                           name, field[a], (long long)stride[a], (long long)(ext[a] - 1));
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) times %lld overflows the tensor's int64 extent", name,
+                           field[a], (long long)stride[a], (long long)(ext[a] - 1));
         if (term > largest) largest = term, big = a;
     }
     if (__builtin_add_overflow(last, 1, &last) || __builtin_mul_overflow(last, elem, &bytes) ||
         (uintptr_t)t->data + (uintptr_t)bytes < (uintptr_t)t->data)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) puts the tensor's last byte beyond the int64 range",
-                       name, field[big], (long long)stride[big]);
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.%s (%lld) puts the tensor's last byte beyond the int64 range", name,
+                       field[big], (long long)stride[big]);
     out->hi = (uintptr_t)t->data + (uintptr_t)bytes;
     return FA_OK;
 }
@@ -324,26 +327,30 @@ static fa_status check_aligned(const void *ptr, size_t align, const char *name) 
  * memory with each other (q == k == v is fine). Spans are whole [first, last] byte ranges, so two views
  * interleaved in one buffer count as overlapping. */
 static fa_status check_memory(const fa_params *p, int backward) {
-    const int     varlen = p->cu_seqlens_q != NULL;
+    const int varlen = p->cu_seqlens_q != NULL;
     const int64_t es = (int64_t)fa_dtype_size(p->dtype), b = p->batch;
     const int64_t rows_q = varlen ? p->total_q : p->seqlen_q, rows_k = varlen ? p->total_k : p->seqlen_k;
-    int64_t       lse_n;
+    int64_t lse_n;
     if (__builtin_mul_overflow(varlen ? 1 : b, (int64_t)p->heads_q, &lse_n) ||
         __builtin_mul_overflow(lse_n, varlen ? p->total_q : p->seqlen_q, &lse_n))
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "lse: batch * heads_q * rows overflows int64");
-    span          sp[12];
-    int           n = 0;
-    fa_status     st;
+    span sp[12];
+    int n = 0;
+    fa_status st;
     struct {
         const fa_tensor *t;
-        const char      *name;
-        int64_t          rows, heads;
-        int              output, used;
+        const char *name;
+        int64_t rows, heads;
+        int output, used;
     } views[] = {
-        {&p->q, "q", rows_q, p->heads_q, 0, 1},          {&p->k, "k", rows_k, p->heads_kv, 0, 1},
-        {&p->v, "v", rows_k, p->heads_kv, 0, 1},         {&p->o, "o", rows_q, p->heads_q, !backward, 1},
-        {&p->dout, "dout", rows_q, p->heads_q, 0, backward}, {&p->dq, "dq", rows_q, p->heads_q, 1, backward},
-        {&p->dk, "dk", rows_k, p->heads_kv, 1, backward}, {&p->dv, "dv", rows_k, p->heads_kv, 1, backward},
+        { &p->q, "q", rows_q, p->heads_q, 0, 1 },
+        { &p->k, "k", rows_k, p->heads_kv, 0, 1 },
+        { &p->v, "v", rows_k, p->heads_kv, 0, 1 },
+        { &p->o, "o", rows_q, p->heads_q, !backward, 1 },
+        { &p->dout, "dout", rows_q, p->heads_q, 0, backward },
+        { &p->dq, "dq", rows_q, p->heads_q, 1, backward },
+        { &p->dk, "dk", rows_k, p->heads_kv, 1, backward },
+        { &p->dv, "dv", rows_k, p->heads_kv, 1, backward },
     };
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
         if (!views[i].used) continue;
@@ -380,8 +387,8 @@ static fa_status check_memory(const fa_params *p, int backward) {
     }
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++)
-            if ((sp[i].output || sp[j].output) && sp[i].lo < sp[i].hi && sp[j].lo < sp[j].hi &&
-                sp[i].lo < sp[j].hi && sp[j].lo < sp[i].hi)
+            if ((sp[i].output || sp[j].output) && sp[i].lo < sp[i].hi && sp[j].lo < sp[j].hi && sp[i].lo < sp[j].hi &&
+                sp[j].lo < sp[i].hi)
                 return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s and %s overlap in memory (%s is an output)", sp[i].name,
                                sp[j].name, sp[i].output ? sp[i].name : sp[j].name);
     return FA_OK;
@@ -398,31 +405,39 @@ static fa_status validate(const fa_params *p, fa_backend backend, int backward, 
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q and cu_seqlens_k must both be set or both be NULL");
     if (p->batch < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch (%d) must be >= 1", p->batch);
     const int32_t min_len = varlen ? 0 : 1;
-    if (p->seqlen_q < min_len) return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_q (%d) must be >= %d", p->seqlen_q, min_len);
-    if (p->seqlen_k < min_len) return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_k (%d) must be >= %d", p->seqlen_k, min_len);
+    if (p->seqlen_q < min_len)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_q (%d) must be >= %d", p->seqlen_q, min_len);
+    if (p->seqlen_k < min_len)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_k (%d) must be >= %d", p->seqlen_k, min_len);
     if (p->heads_q < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "heads_q (%d) must be >= 1", p->heads_q);
     if (p->heads_kv < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "heads_kv (%d) must be >= 1", p->heads_kv);
     if (p->heads_q % p->heads_kv)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "heads_q (%d) is not a multiple of heads_kv (%d)", p->heads_q, p->heads_kv);
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "heads_q (%d) is not a multiple of heads_kv (%d)", p->heads_q,
+                       p->heads_kv);
     if (p->head_dim < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "head_dim (%d) must be >= 1", p->head_dim);
     if (p->head_dim % 8 || p->head_dim > 256)
         return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) is not a multiple of 8 in [8, 256]", p->head_dim);
     if (varlen) {
-        if (p->total_q < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "total_q (%lld) is negative", (long long)p->total_q);
-        if (p->total_k < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "total_k (%lld) is negative", (long long)p->total_k);
+        if (p->total_q < 0)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "total_q (%lld) is negative", (long long)p->total_q);
+        if (p->total_k < 0)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "total_k (%lld) is negative", (long long)p->total_k);
         if (p->total_q > INT32_MAX || p->total_k > INT32_MAX)
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "total_q/total_k (%lld/%lld) exceed the int32 range of cu_seqlens",
                            (long long)p->total_q, (long long)p->total_k);
     }
     if (!isfinite(p->softmax_scale))
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "softmax_scale (%g) is not finite", (double)p->softmax_scale);
-    if (p->causal != 0 && p->causal != 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "causal (%d) is not 0 or 1", p->causal);
+    if (p->causal != 0 && p->causal != 1)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "causal (%d) is not 0 or 1", p->causal);
     if (p->window_left < -1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "window_left (%d) must be >= -1", p->window_left);
-    if (p->window_right < -1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "window_right (%d) must be >= -1", p->window_right);
+    if (p->window_right < -1)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "window_right (%d) must be >= -1", p->window_right);
     if (!isfinite(p->softcap) || p->softcap < 0)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "softcap (%g) must be finite and >= 0", (double)p->softcap);
     if (p->alibi_batch_stride < 0)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_batch_stride (%lld) is negative", (long long)p->alibi_batch_stride);
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_batch_stride (%lld) is negative",
+                       (long long)p->alibi_batch_stride);
     if (p->alibi_batch_stride > 0 && p->alibi_batch_stride < p->heads_q)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_batch_stride (%lld) is less than heads_q (%d)",
                        (long long)p->alibi_batch_stride, p->heads_q);
@@ -430,7 +445,7 @@ static fa_status validate(const fa_params *p, fa_backend backend, int backward, 
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "deterministic (%d) is not 0 or 1", p->deterministic);
 
     const int64_t rows_q = varlen ? p->total_q : p->seqlen_q, rows_k = varlen ? p->total_k : p->seqlen_k;
-    fa_status     st;
+    fa_status st;
     if ((st = check_input(&p->q, "q", varlen)) || (st = check_input(&p->k, "k", varlen)) ||
         (st = check_input(&p->v, "v", varlen)))
         return st;
@@ -480,7 +495,8 @@ static fa_status resolve_exec(const fa_params *p, const fa_exec *exec, fa_exec *
         memset(x, 0, sizeof *x);
         x->device = -1;
     }
-    if (x->num_threads < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.num_threads (%d) is negative", x->num_threads);
+    if (x->num_threads < 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.num_threads (%d) is negative", x->num_threads);
     if (x->workspace && x->workspace_bytes == 0)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.workspace is set but exec.workspace_bytes is 0");
     if (x->check != 0 && x->check != 1)
@@ -533,7 +549,7 @@ static fa_status prepare(const fa_params *p, const fa_exec *exec, int backward, 
 
 fa_status fa_check(const fa_params *p, const fa_exec *exec, int backward) {
     fa_params r;
-    fa_exec   x;
+    fa_exec x;
     return prepare(p, exec, backward, &r, &x);
 }
 
@@ -553,7 +569,7 @@ static fa_status workspace_need(const fa_params *r, const fa_exec *x, int backwa
 
 fa_status fa_workspace_size(const fa_params *p, const fa_exec *exec, int backward, size_t *bytes) {
     fa_params r;
-    fa_exec   x;
+    fa_exec x;
     if (!bytes) return fa_fail(FA_ERR_INVALID_ARGUMENT, "bytes is NULL");
     fa_status st = prepare(p, exec, backward, &r, &x);
     if (st != FA_OK) return st;
@@ -562,14 +578,15 @@ fa_status fa_workspace_size(const fa_params *p, const fa_exec *exec, int backwar
 
 static fa_status run(const fa_params *p, const fa_exec *exec, int backward) {
     fa_params r;
-    fa_exec   x;
+    fa_exec x;
     fa_status st = prepare(p, exec, backward, &r, &x);
     if (st != FA_OK) return st;
     if (x.workspace) {
         size_t need = 0;
         if ((st = workspace_need(&r, &x, backward, &need)) != FA_OK) return st;
         if (x.workspace_bytes < need)
-            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x.workspace_bytes, need);
+            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x.workspace_bytes,
+                           need);
     }
     switch (x.backend) {
     case FA_BACKEND_CPU: return backward ? fa_cpu_bwd(&r, &x) : fa_cpu_fwd(&r, &x);
@@ -600,8 +617,8 @@ fa_status fa_kvcache_init(fa_kvcache *kv, int32_t batch_cache, int32_t seqlen_ca
     fa_clear_error();
     if (!kv) return fa_fail(FA_ERR_INVALID_ARGUMENT, "kvcache is NULL");
     memset(kv, 0, sizeof *kv);
-    kv->batch_cache        = batch_cache;
-    kv->seqlen_cache       = seqlen_cache;
+    kv->batch_cache = batch_cache;
+    kv->seqlen_cache = seqlen_cache;
     kv->rotary_interleaved = 1;
     return FA_OK;
 }
@@ -626,24 +643,28 @@ static int kv_slot_cmp(const void *a, const void *b) {
  * every written slot is collected and sorted (batch x seqlen_new entries). */
 static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv) {
     const int64_t cap = fa_kv_capacity(kv), n_new = r->seqlen_k, ps = kv->page_size;
-    const int64_t ld  = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
-    const int     paged = kv->block_table != NULL;
+    const int64_t ld = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
+    const int paged = kv->block_table != NULL;
     for (int64_t b = 0; b < r->batch; b++) {
         const int64_t len = fa_kv_seqlen(kv, b), pad = fa_kv_leftpad(kv, b);
         if (!kv->cache_seqlens && n_new > 0)
             return fa_fail(FA_ERR_INVALID_ARGUMENT,
                            "cache_seqlens is NULL (every sequence fills the capacity, %lld rows), leaving no room "
-                           "for the %lld new tokens (seqlen_k)", (long long)cap, (long long)n_new);
+                           "for the %lld new tokens (seqlen_k)",
+                           (long long)cap, (long long)n_new);
         if (len < 0)
-            return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_seqlens[%lld] (%lld) is negative", (long long)b, (long long)len);
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_seqlens[%lld] (%lld) is negative", (long long)b,
+                           (long long)len);
         if (len + n_new > cap)
             return fa_fail(FA_ERR_INVALID_ARGUMENT,
                            "cache_seqlens[%lld] (%lld) + seqlen_k (%lld new tokens) exceeds the cache's capacity "
-                           "(%lld = %s)", (long long)b, (long long)len, (long long)n_new, (long long)cap,
+                           "(%lld = %s)",
+                           (long long)b, (long long)len, (long long)n_new, (long long)cap,
                            paged ? "max_pages * page_size" : "seqlen_cache");
         if (pad < 0 || pad > len)
-            return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_leftpad[%lld] (%lld) is outside [0, cache_seqlens[%lld] = %lld]",
-                           (long long)b, (long long)pad, (long long)b, (long long)len);
+            return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                           "cache_leftpad[%lld] (%lld) is outside [0, cache_seqlens[%lld] = %lld]", (long long)b,
+                           (long long)pad, (long long)b, (long long)len);
         if (kv->cache_batch_idx && (kv->cache_batch_idx[b] < 0 || kv->cache_batch_idx[b] >= kv->batch_cache))
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_batch_idx[%lld] (%d) is outside [0, batch_cache = %d)",
                            (long long)b, kv->cache_batch_idx[b], kv->batch_cache);
@@ -651,8 +672,9 @@ static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv) 
             for (int64_t j = pad / ps; j <= (len + n_new - 1) / ps; j++) {
                 const int32_t page = kv->block_table[b * ld + j];
                 if (page < 0 || page >= kv->num_pages)
-                    return fa_fail(FA_ERR_INVALID_ARGUMENT, "block_table[%lld][%lld] (%d) is outside [0, num_pages = %d)",
-                                   (long long)b, (long long)j, page, kv->num_pages);
+                    return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                                   "block_table[%lld][%lld] (%d) is outside [0, num_pages = %d)", (long long)b,
+                                   (long long)j, page, kv->num_pages);
             }
         if (kv->rotary_cos) {
             const int64_t qpos = fa_kv_q_position(r, kv, b, r->seqlen_q - 1), kpos = len + n_new - 1;
@@ -669,23 +691,27 @@ static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv) 
     if (total > INT32_MAX)
         return fa_fail(FA_ERR_INVALID_ARGUMENT,
                        "cache_seqlens: the batch attends %lld cache rows in all, beyond the int32 range the host "
-                       "backends gather them in", (long long)total);
+                       "backends gather them in",
+                       (long long)total);
     if ((int64_t)r->batch * r->seqlen_q * (r->heads_q / r->heads_kv) > INT32_MAX)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch (%d) * seqlen_q (%d) * heads_q / heads_kv (%d) exceeds the "
-                       "int32 range of the host backends' query rows", r->batch, r->seqlen_q, r->heads_q / r->heads_kv);
+        return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                       "batch (%d) * seqlen_q (%d) * heads_q / heads_kv (%d) exceeds the "
+                       "int32 range of the host backends' query rows",
+                       r->batch, r->seqlen_q, r->heads_q / r->heads_kv);
     if (n_new == 0) return FA_OK;
     int64_t count;
     if (__builtin_mul_overflow((int64_t)r->batch, n_new, &count) || (uint64_t)count > SIZE_MAX / sizeof(kv_slot))
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch * seqlen_k overflows the host's size range");
     kv_slot *slots = malloc((size_t)count * sizeof(kv_slot));
-    if (!slots) return fa_fail(FA_ERR_OUT_OF_MEMORY, "cannot allocate %lld bytes to check the appended cache slots",
-                               (long long)(count * (int64_t)sizeof(kv_slot)));
+    if (!slots)
+        return fa_fail(FA_ERR_OUT_OF_MEMORY, "cannot allocate %lld bytes to check the appended cache slots",
+                       (long long)(count * (int64_t)sizeof(kv_slot)));
     for (int64_t b = 0, n = 0; b < r->batch; b++)
         for (int64_t j = 0; j < n_new; j++, n++) {
             const int64_t row = fa_kv_seqlen(kv, b) + j;
-            slots[n].seq      = b;
-            slots[n].slot     = paged ? (int64_t)kv->block_table[b * ld + row / ps] * ps + row % ps
-                                      : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * cap + row;
+            slots[n].seq = b;
+            slots[n].slot = paged ? (int64_t)kv->block_table[b * ld + row / ps] * ps + row % ps
+                                  : (kv->cache_batch_idx ? kv->cache_batch_idx[b] : b) * cap + row;
         }
     qsort(slots, (size_t)count, sizeof(kv_slot), kv_slot_cmp);
     fa_status st = FA_OK;
@@ -693,8 +719,8 @@ static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv) 
         if (slots[n].slot == slots[n - 1].slot) {
             const int64_t unit = paged ? ps : cap;
             st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s: sequences %lld and %lld both append to %s %lld, row %lld",
-                         paged ? "block_table" : "cache_batch_idx", (long long)slots[n - 1].seq, (long long)slots[n].seq,
-                         paged ? "page" : "cache sequence", (long long)(slots[n].slot / unit),
+                         paged ? "block_table" : "cache_batch_idx", (long long)slots[n - 1].seq,
+                         (long long)slots[n].seq, paged ? "page" : "cache sequence", (long long)(slots[n].slot / unit),
                          (long long)(slots[n].slot % unit));
         }
     free(slots);
@@ -730,8 +756,8 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
     r->k = p->k;
     r->v = p->v;
 
-    const int     paged = kv->block_table != NULL;
-    const int64_t es    = (int64_t)fa_dtype_size(p->dtype);
+    const int paged = kv->block_table != NULL;
+    const int64_t es = (int64_t)fa_dtype_size(p->dtype);
     if (paged) {
         if (kv->page_size < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "page_size (%d) must be >= 1", kv->page_size);
         if (kv->num_pages < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "num_pages (%d) must be >= 1", kv->num_pages);
@@ -742,7 +768,8 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
         if (kv->cache_batch_idx)
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "cache_batch_idx must be NULL with a block_table (paged cache)");
     } else {
-        if (kv->batch_cache < 1) return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch_cache (%d) must be >= 1", kv->batch_cache);
+        if (kv->batch_cache < 1)
+            return fa_fail(FA_ERR_INVALID_ARGUMENT, "batch_cache (%d) must be >= 1", kv->batch_cache);
         if (kv->seqlen_cache < 1)
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "seqlen_cache (%d) must be >= 1", kv->seqlen_cache);
     }
@@ -772,7 +799,7 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
 
     /* Alignment and overlap of every array of the call. The cache is an output when tokens are appended. */
     span sp[16];
-    int  n = 0;
+    int n = 0;
     int64_t lse_n = (int64_t)p->batch * p->heads_q * p->seqlen_q, bt_n = 0, ro_n = 0;
     if ((st = check_aligned(kv->k_cache.data, (size_t)es, "k_cache.data")) ||
         (st = check_aligned(kv->v_cache.data, (size_t)es, "v_cache.data")) ||
@@ -810,8 +837,8 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
     }
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++)
-            if ((sp[i].output || sp[j].output) && sp[i].lo < sp[i].hi && sp[j].lo < sp[j].hi &&
-                sp[i].lo < sp[j].hi && sp[j].lo < sp[i].hi)
+            if ((sp[i].output || sp[j].output) && sp[i].lo < sp[i].hi && sp[j].lo < sp[j].hi && sp[i].lo < sp[j].hi &&
+                sp[j].lo < sp[i].hi)
                 return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s and %s overlap in memory (%s is an output)", sp[i].name,
                                sp[j].name, sp[i].output ? sp[i].name : sp[j].name);
 
@@ -828,13 +855,13 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
 
 fa_status fa_check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec) {
     fa_params r;
-    fa_exec   x;
+    fa_exec x;
     return prepare_kvcache(p, kv, exec, &r, &x);
 }
 
 fa_status fa_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, size_t *bytes) {
     fa_params r;
-    fa_exec   x;
+    fa_exec x;
     if (!bytes) return fa_fail(FA_ERR_INVALID_ARGUMENT, "bytes is NULL");
     fa_status st = prepare_kvcache(p, kv, exec, &r, &x);
     if (st != FA_OK) return st;
@@ -847,7 +874,7 @@ fa_status fa_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, co
 
 fa_status fa_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec) {
     fa_params r;
-    fa_exec   x;
+    fa_exec x;
     fa_status st = prepare_kvcache(p, kv, exec, &r, &x);
     if (st != FA_OK) return st;
     if (x.backend == FA_BACKEND_REFERENCE) return fa_reference_fwd_kvcache(&r, kv);
@@ -857,7 +884,8 @@ fa_status fa_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec
     if (x.workspace) {
         const size_t need = fa_cpu_kvcache_workspace_size(&r, kv, x.num_threads);
         if (x.workspace_bytes < need)
-            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x.workspace_bytes, need);
+            return fa_fail(FA_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes (%zu) < required (%zu)", x.workspace_bytes,
+                           need);
     }
     return fa_cpu_fwd_kvcache(&r, kv, &x);
 }

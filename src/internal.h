@@ -47,8 +47,8 @@ static inline int64_t fa_alibi_distance(int64_t i, int64_t j, int64_t len_q, int
 }
 
 /* The visible key range [*lo, *hi) of query row i (empty when *lo >= *hi). */
-static inline void fa_key_range(int64_t i, int64_t len_q, int64_t len_k, int32_t window_left,
-                                int32_t window_right, int64_t *lo, int64_t *hi) {
+static inline void fa_key_range(int64_t i, int64_t len_q, int64_t len_k, int32_t window_left, int32_t window_right,
+                                int64_t *lo, int64_t *hi) {
     int64_t diag = i + len_k - len_q;
     int64_t a = window_left < 0 ? 0 : diag - window_left;
     int64_t b = window_right < 0 ? len_k : diag + window_right + 1;
@@ -91,8 +91,7 @@ static inline fa_seq fa_seq_packed(const fa_params *p, int64_t b) {
 }
 
 /* Element offset of (sequence b whose first token is tok, row r, head h) in tensor t. */
-static inline int64_t fa_offset(const fa_params *p, const fa_tensor *t, int64_t b, int64_t tok, int64_t r,
-                                int64_t h) {
+static inline int64_t fa_offset(const fa_params *p, const fa_tensor *t, int64_t b, int64_t tok, int64_t r, int64_t h) {
     int64_t base = fa_is_varlen(p) ? tok * t->stride_seq : b * t->stride_batch;
     return base + r * t->stride_seq + h * t->stride_head;
 }
@@ -136,8 +135,8 @@ static inline uint16_t fa_f32_to_bf16(float f) {
 
 static inline float fa_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp  = (h >> 10) & 0x1fu;
-    uint32_t man  = h & 0x3ffu;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
     if (exp == 0x1f) return fa_bits_to_f32(sign | 0x7f800000u | (man << 13));
     if (exp == 0) {
         if (man == 0) return fa_bits_to_f32(sign);
@@ -147,13 +146,13 @@ static inline float fa_f16_to_f32(uint16_t h) {
     return fa_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
 }
 static inline uint16_t fa_f32_to_f16(float f) {
-    uint32_t u    = fa_f32_to_bits(f);
+    uint32_t u = fa_f32_to_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a    = u & 0x7fffffffu;
+    uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
     if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: infinity */
-    if (a < 0x38800000u) {                                  /* below the smallest normal half: subnormal */
-        float r = fa_bits_to_f32(a) * 16777216.0f;          /* exact scaling to units of 2^-24 */
+    if (a < 0x38800000u) {                                   /* below the smallest normal half: subnormal */
+        float r = fa_bits_to_f32(a) * 16777216.0f;           /* exact scaling to units of 2^-24 */
         return (uint16_t)(sign | (uint16_t)nearbyintf(r));
     }
     uint32_t e = (a >> 23) - 112u, m = a & 0x7fffffu;
@@ -196,7 +195,7 @@ fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double
                                const double *dout, double *dq, double *dk, double *dv);
 
 /* FlashAttention-2 on the CPU. ws may be NULL (the backend allocates). */
-size_t    fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward);
+size_t fa_cpu_workspace_size(const fa_params *p, int num_threads, int backward);
 fa_status fa_cpu_fwd(const fa_params *p, const fa_exec *x);
 fa_status fa_cpu_bwd(const fa_params *p, const fa_exec *x);
 /* The CPU kernels' instruction-set level in use ("avx512", "avx2", "portable"; chosen at the first call where
@@ -211,12 +210,12 @@ const char *fa_cpu_simd_choice(void);
 
 #ifdef FA_WITH_CUDA
 /* CUDA (FA2 / FA3 kernels) and the naive cuBLAS baseline; all in src/cuda. */
-int         fa_cuda_device_count(void);
-fa_status   fa_cuda_device_info(int32_t ordinal, fa_device_info *info);
-int         fa_cuda_is_device_pointer(const void *ptr);
+int fa_cuda_device_count(void);
+fa_status fa_cuda_device_info(int32_t ordinal, fa_device_info *info);
+int fa_cuda_is_device_pointer(const void *ptr);
 const char *fa_cuda_build_info(void);
 /* The naive backend's cuBLAS, opened with dlopen on first use: FA_OK, or FA_ERR_NOT_COMPILED saying why not. */
-fa_status   fa_naive_cublas_load(void);
+fa_status fa_naive_cublas_load(void);
 
 fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int backward);
 fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes);
@@ -252,7 +251,7 @@ static inline int64_t fa_kv_leftpad(const fa_kvcache *kv, int64_t b) {
 /* Element offset of cache row r (absolute, leftpad included) of sequence b, kv head h, in t (k or v cache). */
 static inline int64_t fa_kv_offset(const fa_kvcache *kv, const fa_tensor *t, int64_t b, int64_t r, int64_t h) {
     if (kv->block_table) {
-        const int64_t ld   = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
+        const int64_t ld = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
         const int64_t page = kv->block_table[b * ld + r / kv->page_size];
         return page * t->stride_batch + (r % kv->page_size) * t->stride_seq + h * t->stride_head;
     }
@@ -291,7 +290,7 @@ static inline float fa_round_dtype(fa_dtype t, float x) {
 /* fp64 reference and CPU backend of fa_fwd_kvcache (validated, resolved params; nothing written before
  * every allocation has succeeded). */
 fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv);
-size_t    fa_cpu_kvcache_workspace_size(const fa_params *p, const fa_kvcache *kv, int num_threads);
+size_t fa_cpu_kvcache_workspace_size(const fa_params *p, const fa_kvcache *kv, int num_threads);
 fa_status fa_cpu_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x);
 
 #ifdef __cplusplus

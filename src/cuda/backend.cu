@@ -11,7 +11,7 @@
 #include "kernels.h"
 
 #define FA_STR2(...) #__VA_ARGS__
-#define FA_STR(...) FA_STR2(__VA_ARGS__)
+#define FA_STR(...)  FA_STR2(__VA_ARGS__)
 
 extern "C" fa_status fa_cuda_status(cudaError_t err, const char *what) {
     if (err == cudaSuccess) return FA_OK;
@@ -28,7 +28,7 @@ extern "C" fa_status fa_cuda_status(cudaError_t err, const char *what) {
  * successful answer is kept: every call asks for it. */
 extern "C" int fa_cuda_device_count(void) {
     static int known = -1;
-    int        n     = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    int n = __atomic_load_n(&known, __ATOMIC_RELAXED);
     if (n >= 0) return n;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         cudaGetLastError();
@@ -41,7 +41,7 @@ extern "C" int fa_cuda_device_count(void) {
 /* Why no device is usable. The CUDA runtime is linked statically and opens the driver (libcuda.so.1) itself,
  * so a machine without the driver reaches this point too, with cudaGetDeviceCount failing. */
 static fa_status no_device(void) {
-    int         n = 0, driver = 0;
+    int n = 0, driver = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     cudaGetLastError();
     if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0; /* 0 also means: no driver installed */
@@ -50,11 +50,13 @@ static fa_status no_device(void) {
         return fa_fail(FA_ERR_NO_DEVICE, "no CUDA driver: libcuda.so.1 could not be loaded (the NVIDIA driver is "
                                          "not installed); the cpu and reference backends do not need it");
     if (err == cudaErrorInsufficientDriver)
-        return fa_fail(FA_ERR_NO_DEVICE, "the CUDA driver supports CUDA %d.%d but this library's runtime is CUDA %d.%d: "
-                                         "update the NVIDIA driver", driver / 1000, driver % 1000 / 10,
-                       CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+        return fa_fail(FA_ERR_NO_DEVICE,
+                       "the CUDA driver supports CUDA %d.%d but this library's runtime is CUDA %d.%d: "
+                       "update the NVIDIA driver",
+                       driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
     if (err != cudaSuccess)
-        return fa_fail(FA_ERR_NO_DEVICE, "no usable CUDA device: %s (%s)", cudaGetErrorString(err), cudaGetErrorName(err));
+        return fa_fail(FA_ERR_NO_DEVICE, "no usable CUDA device: %s (%s)", cudaGetErrorString(err),
+                       cudaGetErrorName(err));
     return fa_fail(FA_ERR_NO_DEVICE, "no CUDA device is present");
 }
 
@@ -62,16 +64,17 @@ extern "C" fa_status fa_cuda_device_info(int32_t ordinal, fa_device_info *info) 
     const int n = fa_cuda_device_count();
     if (n == 0) return no_device();
     if (ordinal < 0 || ordinal >= n)
-        return fa_fail(FA_ERR_NO_DEVICE, "device %d does not exist (%d device%s present)", ordinal, n, n == 1 ? "" : "s");
+        return fa_fail(FA_ERR_NO_DEVICE, "device %d does not exist (%d device%s present)", ordinal, n,
+                       n == 1 ? "" : "s");
     cudaDeviceProp prop;
-    fa_status      st = fa_cuda_status(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+    fa_status st = fa_cuda_status(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
     if (st != FA_OK) return st;
     memset(info, 0, sizeof *info);
     snprintf(info->name, sizeof info->name, "%s", prop.name);
-    info->ordinal      = ordinal;
-    info->cc_major     = prop.major;
-    info->cc_minor     = prop.minor;
-    info->sm_count     = prop.multiProcessorCount;
+    info->ordinal = ordinal;
+    info->cc_major = prop.major;
+    info->cc_minor = prop.minor;
+    info->sm_count = prop.multiProcessorCount;
     info->memory_bytes = (int64_t)prop.totalGlobalMem;
     return FA_OK;
 }
@@ -107,12 +110,12 @@ extern "C" const char *fa_cuda_build_info(void) {
 static fa_status device_attributes(int ordinal, fa_cuda_device *dev) {
     enum { CACHED = 64 };
     static fa_cuda_device cache[CACHED];
-    static int            ready[CACHED];
+    static int ready[CACHED];
     if (ordinal < CACHED && __atomic_load_n(&ready[ordinal], __ATOMIC_ACQUIRE)) {
         *dev = cache[ordinal];
         return FA_OK;
     }
-    int       smem = 0, smem_sm = 0, smem_reserved = 0;
+    int smem = 0, smem_sm = 0, smem_reserved = 0;
     fa_status st;
     if ((st = fa_cuda_status(cudaDeviceGetAttribute(&dev->cc_major, cudaDevAttrComputeCapabilityMajor, ordinal),
                              "cudaDeviceGetAttribute")) ||
@@ -127,9 +130,9 @@ static fa_status device_attributes(int ordinal, fa_cuda_device *dev) {
         (st = fa_cuda_status(cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, ordinal),
                              "cudaDeviceGetAttribute")))
         return st;
-    dev->ordinal       = ordinal;
-    dev->smem_optin    = (size_t)smem;
-    dev->smem_per_sm   = (size_t)smem_sm;
+    dev->ordinal = ordinal;
+    dev->smem_optin = (size_t)smem;
+    dev->smem_per_sm = (size_t)smem_sm;
     dev->smem_reserved = (size_t)smem_reserved;
     if (ordinal < CACHED) {
         cache[ordinal] = *dev;
@@ -155,9 +158,9 @@ static fa_status device_get(const fa_exec *x, fa_cuda_device *dev) {
 
 /* Makes dev the current device for the duration of a call; *prev is what to restore (-1: nothing). */
 static fa_status device_enter(const fa_cuda_device *dev, int *prev) {
-    *prev       = -1;
-    int       cur = 0;
-    fa_status st  = fa_cuda_status(cudaGetDevice(&cur), "cudaGetDevice");
+    *prev = -1;
+    int cur = 0;
+    fa_status st = fa_cuda_status(cudaGetDevice(&cur), "cudaGetDevice");
     if (st != FA_OK || cur == dev->ordinal) return st;
     if ((st = fa_cuda_status(cudaSetDevice(dev->ordinal), "cudaSetDevice")) == FA_OK) *prev = cur;
     return st;
@@ -188,18 +191,18 @@ static fa_status check_pointers(const fa_params *p, int backward, const fa_cuda_
         const void *ptr;
         const char *name;
     } ptrs[] = {
-        {p->q.data, "q.data"},
-        {p->k.data, "k.data"},
-        {p->v.data, "v.data"},
-        {p->o.data, "o.data"},
-        {p->lse, "lse"},
-        {p->cu_seqlens_q, "cu_seqlens_q"},
-        {p->cu_seqlens_k, "cu_seqlens_k"},
-        {p->alibi_slopes, "alibi_slopes"},
-        {backward ? p->dout.data : NULL, "dout.data"},
-        {backward ? p->dq.data : NULL, "dq.data"},
-        {backward ? p->dk.data : NULL, "dk.data"},
-        {backward ? p->dv.data : NULL, "dv.data"},
+        { p->q.data, "q.data" },
+        { p->k.data, "k.data" },
+        { p->v.data, "v.data" },
+        { p->o.data, "o.data" },
+        { p->lse, "lse" },
+        { p->cu_seqlens_q, "cu_seqlens_q" },
+        { p->cu_seqlens_k, "cu_seqlens_k" },
+        { p->alibi_slopes, "alibi_slopes" },
+        { backward ? p->dout.data : NULL, "dout.data" },
+        { backward ? p->dq.data : NULL, "dq.data" },
+        { backward ? p->dk.data : NULL, "dk.data" },
+        { backward ? p->dv.data : NULL, "dv.data" },
     };
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) {
         if (!ptrs[i].ptr) continue; /* optional (lse in the forward, varlen, ALiBi) or not used */
@@ -220,27 +223,31 @@ static fa_status check_cuda_rules(const fa_params *p, int backward) {
 #undef HDIM_CASE
         break;
     default:
-        return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) is not supported by the CUDA backend (compiled:" FA_HDIMS_STR
-                       ")", p->head_dim);
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "head_dim (%d) is not supported by the CUDA backend (compiled:" FA_HDIMS_STR ")", p->head_dim);
     }
     const int varlen = fa_is_varlen(p);
     struct {
         const fa_tensor *t;
-        const char      *name;
-    } ts[] = {{&p->q, "q"},         {&p->k, "k"},          {&p->v, "v"},          {&p->o, "o"},
-              {&p->dout, "dout"},   {&p->dq, "dq"},        {&p->dk, "dk"},        {&p->dv, "dv"}};
+        const char *name;
+    } ts[] = { { &p->q, "q" },       { &p->k, "k" },   { &p->v, "v" },   { &p->o, "o" },
+               { &p->dout, "dout" }, { &p->dq, "dq" }, { &p->dk, "dk" }, { &p->dv, "dv" } };
     const size_t n = backward ? 8 : 4;
     for (size_t i = 0; i < n; i++) {
         const fa_tensor *t = ts[i].t;
         if ((uintptr_t)t->data % 16)
-            return fa_fail(FA_ERR_UNSUPPORTED, "%s.data (%p) is not 16-byte aligned (the CUDA kernels load 16-byte "
-                           "vectors)", ts[i].name, t->data);
-        const int64_t strides[3] = {t->stride_seq, t->stride_head, varlen ? 0 : t->stride_batch};
-        const char   *names[3]   = {"stride_seq", "stride_head", "stride_batch"};
+            return fa_fail(FA_ERR_UNSUPPORTED,
+                           "%s.data (%p) is not 16-byte aligned (the CUDA kernels load 16-byte "
+                           "vectors)",
+                           ts[i].name, t->data);
+        const int64_t strides[3] = { t->stride_seq, t->stride_head, varlen ? 0 : t->stride_batch };
+        const char *names[3] = { "stride_seq", "stride_head", "stride_batch" };
         for (int s = 0; s < 3; s++)
             if (strides[s] % 8)
-                return fa_fail(FA_ERR_UNSUPPORTED, "%s.%s (%lld) is not a multiple of 8 elements (the CUDA kernels "
-                               "load 16-byte vectors)", ts[i].name, names[s], (long long)strides[s]);
+                return fa_fail(FA_ERR_UNSUPPORTED,
+                               "%s.%s (%lld) is not a multiple of 8 elements (the CUDA kernels "
+                               "load 16-byte vectors)",
+                               ts[i].name, names[s], (long long)strides[s]);
     }
     return FA_OK;
 }
@@ -253,10 +260,10 @@ static fa_status check_cuda_rules(const fa_params *p, int backward) {
  * before it starts calling, and a getenv per call is measurable host time. */
 static const char *kernel_env(void) {
     static const char *value;
-    static int         read;
+    static int read;
     if (!__atomic_load_n(&read, __ATOMIC_ACQUIRE)) {
         const char *env = getenv("FLASHATTN_KERNEL");
-        value           = env && *env ? env : NULL;
+        value = env && *env ? env : NULL;
         __atomic_store_n(&read, 1, __ATOMIC_RELEASE);
     }
     return value;
@@ -268,9 +275,12 @@ static fa_status kernel_choice(const fa_exec *x, fa_kernel *k) {
     if (*k == FA_KERNEL_AUTO) {
         const char *env = kernel_env();
         if (env) {
-            if (!strcmp(env, "fa2")) *k = FA_KERNEL_FA2;
-            else if (!strcmp(env, "fa3")) *k = FA_KERNEL_FA3;
-            else return fa_fail(FA_ERR_INVALID_ARGUMENT, "FLASHATTN_KERNEL=%s is not fa2 or fa3", env);
+            if (!strcmp(env, "fa2"))
+                *k = FA_KERNEL_FA2;
+            else if (!strcmp(env, "fa3"))
+                *k = FA_KERNEL_FA3;
+            else
+                return fa_fail(FA_ERR_INVALID_ARGUMENT, "FLASHATTN_KERNEL=%s is not fa2 or fa3", env);
         }
     }
     return FA_OK;
@@ -337,11 +347,11 @@ static size_t scratch_size(size_t need) {
  * stream. */
 typedef struct scratch {
     void *ptr;
-    int   owned;
+    int owned;
 } scratch;
 
 static fa_status scratch_get(const fa_exec *x, size_t need, cudaStream_t stream, scratch *s) {
-    s->ptr   = x->workspace;
+    s->ptr = x->workspace;
     s->owned = 0;
     if (x->workspace) {
         if (x->workspace_bytes < scratch_size(need))
@@ -352,8 +362,10 @@ static fa_status scratch_get(const fa_exec *x, size_t need, cudaStream_t stream,
     }
     if (need == 0) return FA_OK;
     fa_status st = fa_cuda_status(cudaMallocAsync(&s->ptr, need, stream), "cudaMallocAsync (workspace)");
-    if (st == FA_OK) s->owned = 1;
-    else s->ptr = NULL;
+    if (st == FA_OK)
+        s->owned = 1;
+    else
+        s->ptr = NULL;
     return st;
 }
 
@@ -367,11 +379,11 @@ static fa_status scratch_put(scratch *s, cudaStream_t stream, fa_status st) {
  * launch, the workspace back, with dev the current device meanwhile. */
 static fa_status family_run(const fa_kernel_family *f, const fa_params *p, const fa_exec *x,
                             const fa_cuda_device *dev) {
-    int       prev;
+    int prev;
     fa_status st = device_enter(dev, &prev);
     if (st != FA_OK) return st;
     cudaStream_t stream = (cudaStream_t)x->stream;
-    scratch      ws;
+    scratch ws;
     st = scratch_get(x, f->workspace_size(p, dev), stream, &ws);
     if (st == FA_OK) {
         st = f->run(p, dev, ws.ptr, stream);
@@ -397,22 +409,26 @@ static __global__ void __launch_bounds__(256)
     check_seqlens_kernel(const int32_t *cu_q, const int32_t *cu_k, int batch, int max_q, int max_k, int64_t total_q,
                          int64_t total_k, seqlens_fault *out) {
     __shared__ unsigned long long first;
-    const int32_t *cu      = blockIdx.x ? cu_k : cu_q;
-    const int64_t  max_len = blockIdx.x ? max_k : max_q, total = blockIdx.x ? total_k : total_q;
+    const int32_t *cu = blockIdx.x ? cu_k : cu_q;
+    const int64_t max_len = blockIdx.x ? max_k : max_q, total = blockIdx.x ? total_k : total_q;
     if (threadIdx.x == 0) first = ~0ull;
     __syncthreads();
     for (int b = threadIdx.x; b < batch; b += blockDim.x) {
         const int64_t lo = cu[b], hi = cu[b + 1];
-        int           kind = 0;
-        if (b == 0 && lo != 0) kind = 1;
-        else if (hi < lo) kind = 2;
-        else if (hi - lo > max_len) kind = 3;
-        else if (b == batch - 1 && hi > total) kind = 4;
+        int kind = 0;
+        if (b == 0 && lo != 0)
+            kind = 1;
+        else if (hi < lo)
+            kind = 2;
+        else if (hi - lo > max_len)
+            kind = 3;
+        else if (b == batch - 1 && hi > total)
+            kind = 4;
         if (kind) atomicMin(&first, (unsigned long long)b << 3 | (unsigned)kind);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        seqlens_fault f = {0, 0, 0, 0};
+        seqlens_fault f = { 0, 0, 0, 0 };
         if (first != ~0ull) {
             f.kind = (int32_t)(first & 7), f.b = (int32_t)(first >> 3);
             f.lo = cu[f.b], f.hi = cu[f.b + 1];
@@ -427,10 +443,10 @@ static __global__ void __launch_bounds__(256)
  * messages are the host backends', marked "(device check)". */
 static fa_status check_device_seqlens(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev) {
     if (!x->check || !fa_is_varlen(p)) return FA_OK;
-    cudaStream_t            stream = (cudaStream_t)x->stream;
+    cudaStream_t stream = (cudaStream_t)x->stream;
     cudaStreamCaptureStatus capture;
-    int                     prev;
-    fa_status               st = device_enter(dev, &prev);
+    int prev;
+    fa_status st = device_enter(dev, &prev);
     if (st != FA_OK) return st;
     if ((st = fa_cuda_status(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing")) != FA_OK) goto done;
     if (capture != cudaStreamCaptureStatusNone) {
@@ -452,21 +468,25 @@ static fa_status check_device_seqlens(const fa_params *p, const fa_exec *x, cons
         if (st == FA_OK) st = st_free;
         if (st == FA_OK) st = fa_cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize (cu_seqlens check)");
         for (int i = 0; i < 2 && st == FA_OK; i++) {
-            const seqlens_fault f    = faults[i];
-            const char         *name = i ? "cu_seqlens_k" : "cu_seqlens_q";
-            const int32_t       max  = i ? p->seqlen_k : p->seqlen_q;
-            const int64_t       tot  = i ? p->total_k : p->total_q;
+            const seqlens_fault f = faults[i];
+            const char *name = i ? "cu_seqlens_k" : "cu_seqlens_q";
+            const int32_t max = i ? p->seqlen_k : p->seqlen_q;
+            const int64_t tot = i ? p->total_k : p->total_q;
             if (f.kind == 1)
                 st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[0] (%d) is not 0 (device check)", name, f.lo);
             else if (f.kind == 2)
                 st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s decreases at index %d (%d -> %d) (device check)", name,
                              f.b + 1, f.lo, f.hi);
             else if (f.kind == 3)
-                st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s: sequence %d has length %lld > the max length %d (device "
-                             "check)", name, f.b, (long long)f.hi - f.lo, max);
+                st = fa_fail(FA_ERR_INVALID_ARGUMENT,
+                             "%s: sequence %d has length %lld > the max length %d (device "
+                             "check)",
+                             name, f.b, (long long)f.hi - f.lo, max);
             else if (f.kind == 4)
-                st = fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[batch] (%d) exceeds the total token count (%lld) (device "
-                             "check)", name, f.hi, (long long)tot);
+                st = fa_fail(FA_ERR_INVALID_ARGUMENT,
+                             "%s[batch] (%d) exceeds the total token count (%lld) (device "
+                             "check)",
+                             name, f.hi, (long long)tot);
         }
     }
 done:
@@ -479,9 +499,9 @@ done:
  * ------------------------------------------------------------------------------------------------------- */
 
 extern "C" fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int backward) {
-    fa_cuda_device          dev;
+    fa_cuda_device dev;
     const fa_kernel_family *f;
-    fa_status               st;
+    fa_status st;
     if ((st = check_cuda_rules(p, backward)) || (st = device_get(x, &dev)) ||
         (st = check_pointers(p, backward, &dev)) || (st = select_family(p, x, &dev, backward, &f)))
         return st;
@@ -489,18 +509,18 @@ extern "C" fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int bac
 }
 
 extern "C" fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {
-    fa_cuda_device          dev;
+    fa_cuda_device dev;
     const fa_kernel_family *f;
-    fa_status               st = device_get(x, &dev);
+    fa_status st = device_get(x, &dev);
     if (st == FA_OK && (st = select_family(p, x, &dev, backward, &f)) == FA_OK)
         *bytes = scratch_size(f->workspace_size(p, &dev));
     return st;
 }
 
 static fa_status cuda_run(const fa_params *p, const fa_exec *x, int backward) {
-    fa_cuda_device          dev;
+    fa_cuda_device dev;
     const fa_kernel_family *f;
-    fa_status               st;
+    fa_status st;
     if ((st = device_get(x, &dev)) || (st = select_family(p, x, &dev, backward, &f))) return st;
     return family_run(f, p, x, &dev);
 }
@@ -526,14 +546,10 @@ static fa_status check_kvcache_pointers(const fa_params *p, const fa_kvcache *kv
         const void *ptr;
         const char *name;
     } ptrs[] = {
-        {kv->k_cache.data, "k_cache.data"},
-        {kv->v_cache.data, "v_cache.data"},
-        {kv->block_table, "block_table"},
-        {kv->cache_seqlens, "cache_seqlens"},
-        {kv->cache_batch_idx, "cache_batch_idx"},
-        {kv->cache_leftpad, "cache_leftpad"},
-        {kv->rotary_cos, "rotary_cos"},
-        {kv->rotary_sin, "rotary_sin"},
+        { kv->k_cache.data, "k_cache.data" },       { kv->v_cache.data, "v_cache.data" },
+        { kv->block_table, "block_table" },         { kv->cache_seqlens, "cache_seqlens" },
+        { kv->cache_batch_idx, "cache_batch_idx" }, { kv->cache_leftpad, "cache_leftpad" },
+        { kv->rotary_cos, "rotary_cos" },           { kv->rotary_sin, "rotary_sin" },
     };
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i].ptr && (st = check_device_ptr(ptrs[i].ptr, ptrs[i].name, dev)) != FA_OK) return st;
@@ -542,7 +558,7 @@ static fa_status check_kvcache_pointers(const fa_params *p, const fa_kvcache *kv
 
 extern "C" fa_status fa_cuda_check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x) {
     fa_cuda_device dev;
-    fa_status      st;
+    fa_status st;
     if ((st = device_get(x, &dev)) || (st = decode_supported(p, kv, &dev))) return st;
     return check_kvcache_pointers(p, kv, &dev);
 }
@@ -550,7 +566,7 @@ extern "C" fa_status fa_cuda_check_kvcache(const fa_params *p, const fa_kvcache 
 extern "C" fa_status fa_cuda_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x,
                                                     size_t *bytes) {
     fa_cuda_device dev;
-    fa_status      st = device_get(x, &dev);
+    fa_status st = device_get(x, &dev);
     if (st == FA_OK && (st = decode_supported(p, kv, &dev)) == FA_OK)
         *bytes = scratch_size(decode_workspace_size(p, kv, &dev));
     return st;
@@ -558,12 +574,12 @@ extern "C" fa_status fa_cuda_workspace_size_kvcache(const fa_params *p, const fa
 
 extern "C" fa_status fa_cuda_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x) {
     fa_cuda_device dev;
-    fa_status      st;
-    int            prev;
+    fa_status st;
+    int prev;
     if ((st = device_get(x, &dev)) || (st = decode_supported(p, kv, &dev)) || (st = device_enter(&dev, &prev)))
         return st;
     cudaStream_t stream = (cudaStream_t)x->stream;
-    scratch      ws;
+    scratch ws;
     st = scratch_get(x, decode_workspace_size(p, kv, &dev), stream, &ws);
     if (st == FA_OK) st = scratch_put(&ws, stream, decode_run(p, kv, &dev, ws.ptr, stream));
     device_leave(prev);
@@ -582,7 +598,7 @@ static const fa_kernel_family *naive_family(int backward) {
 
 extern "C" fa_status fa_naive_check(const fa_params *p, const fa_exec *x, int backward) {
     fa_cuda_device dev;
-    fa_status      st;
+    fa_status st;
     if ((st = device_get(x, &dev)) || (st = check_pointers(p, backward, &dev)) ||
         (st = naive_family(backward)->supported(p, &dev)))
         return st;
@@ -591,7 +607,7 @@ extern "C" fa_status fa_naive_check(const fa_params *p, const fa_exec *x, int ba
 
 extern "C" fa_status fa_naive_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes) {
     fa_cuda_device dev;
-    fa_status      st = device_get(x, &dev);
+    fa_status st = device_get(x, &dev);
     if (st == FA_OK && (st = naive_family(backward)->supported(p, &dev)) == FA_OK)
         *bytes = scratch_size(naive_family(backward)->workspace_size(p, &dev));
     return st;
@@ -599,7 +615,7 @@ extern "C" fa_status fa_naive_workspace_size(const fa_params *p, const fa_exec *
 
 static fa_status naive_run(const fa_params *p, const fa_exec *x, int backward) {
     fa_cuda_device dev;
-    fa_status      st;
+    fa_status st;
     if ((st = device_get(x, &dev)) || (st = naive_family(backward)->supported(p, &dev))) return st;
     return family_run(naive_family(backward), p, x, &dev);
 }

@@ -26,13 +26,15 @@
 #include <stdint.h>
 
 #define FA_LOG2E 1.4426950408889634f
-#define FA_LN2 0.6931471805599453f
+#define FA_LN2   0.6931471805599453f
 
 /* ---- 16-bit element types: conversions and the matching mma instruction ---- */
 
-template <typename T> struct fa_elem;
+template <typename T>
+struct fa_elem;
 
-template <> struct fa_elem<__half> {
+template <>
+struct fa_elem<__half> {
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
         __half2 h = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&h);
@@ -40,8 +42,12 @@ template <> struct fa_elem<__half> {
     static __device__ __forceinline__ float2 unpack(uint32_t u) {
         return __half22float2(*reinterpret_cast<__half2 *>(&u));
     }
-    static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-    static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ float to_float(__half x) {
+        return __half2float(x);
+    }
+    static __device__ __forceinline__ __half from_float(float x) {
+        return __float2half_rn(x);
+    }
     /* c += a * b (16x16 by 16x8, fp32 accumulators). */
     static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -51,7 +57,8 @@ template <> struct fa_elem<__half> {
     }
 };
 
-template <> struct fa_elem<__nv_bfloat16> {
+template <>
+struct fa_elem<__nv_bfloat16> {
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
         __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&h);
@@ -59,8 +66,12 @@ template <> struct fa_elem<__nv_bfloat16> {
     static __device__ __forceinline__ float2 unpack(uint32_t u) {
         return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u));
     }
-    static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-    static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+    static __device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+        return __bfloat162float(x);
+    }
+    static __device__ __forceinline__ __nv_bfloat16 from_float(float x) {
+        return __float2bfloat16_rn(x);
+    }
     static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
                      "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -127,7 +138,8 @@ static __device__ __forceinline__ void fa_cp_async_commit(void) {
 }
 /* Waits until at most N of this thread's committed groups are still in flight. Other threads' copies are
  * visible only after a barrier (__syncthreads) that follows every thread's wait. */
-template <int N> static __device__ __forceinline__ void fa_cp_async_wait(void) {
+template <int N>
+static __device__ __forceinline__ void fa_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
@@ -145,14 +157,15 @@ template <int N> static __device__ __forceinline__ void fa_cp_async_wait(void) {
  * r % 8 + R % 8 carry-free (R a multiple of 8, or r below R's lowest set bit), C even and the lane's
  * c = 2 w + (0 or 1) with w + C / 2 carry-free (w's bits below C / 2's lowest set bit): then the swizzle of R
  * and C is one XOR on bits 4-6 of the base. */
-template <int ROWS, int COLS, bool kSwizzle = false> struct fa_smem_tile {
+template <int ROWS, int COLS, bool kSwizzle = false>
+struct fa_smem_tile {
     static_assert(COLS % 8 == 0, "tile width must be a multiple of 8 elements");
     static_assert(!kSwizzle || COLS % 64 == 0, "swizzled tiles: whole 128-byte segments");
-    static constexpr int  kRows = ROWS, kCols = COLS;
+    static constexpr int kRows = ROWS, kCols = COLS;
     static constexpr bool kSwizzled = kSwizzle;
     static constexpr int kRowBytes = kSwizzle ? kCols * 2 : kCols * 2 + 16;
-    static constexpr int kBytes    = kRows * kRowBytes;
-    static constexpr int kChunks   = kCols / 8; /* 16-byte chunks per row */
+    static constexpr int kBytes = kRows * kRowBytes;
+    static constexpr int kChunks = kCols / 8; /* 16-byte chunks per row */
 
     /* Byte offset of 16-byte chunk `chunk` of row `row`. */
     static __device__ __forceinline__ uint32_t offset(int row, int chunk) {
@@ -160,8 +173,7 @@ template <int ROWS, int COLS, bool kSwizzle = false> struct fa_smem_tile {
         return (uint32_t)(row * kRowBytes + chunk * 16);
     }
     static __device__ __forceinline__ uint32_t frag(uint32_t base, int R, int C) {
-        if (kSwizzle)
-            return (base ^ (uint32_t)(((R & 7) ^ (C & 6)) << 4)) + (uint32_t)(R * kRowBytes + (C & ~7) * 16);
+        if (kSwizzle) return (base ^ (uint32_t)(((R & 7) ^ (C & 6)) << 4)) + (uint32_t)(R * kRowBytes + (C & ~7) * 16);
         return base + offset(R, C);
     }
 };
@@ -172,9 +184,9 @@ template <int ROWS, int COLS, bool kSwizzle = false> struct fa_smem_tile {
  * Needs rows * row_stride < 2^31 (a thread's offset inside the tile is 32-bit: keeping registers for 64-bit
  * per-thread addresses alive across a kernel's main loop costs spills). */
 template <typename TL, int kThreads, typename T>
-static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *src, int64_t row_stride,
-                                                        int rows_valid, int tid) {
-    constexpr int kRows  = TL::kRows;
+static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *src, int64_t row_stride, int rows_valid,
+                                                        int tid) {
+    constexpr int kRows = TL::kRows;
     constexpr int kTotal = kRows * TL::kChunks;
     static_assert(kTotal % kThreads == 0, "tile chunks must divide evenly among the threads");
     if constexpr (kThreads % TL::kChunks == 0) {
@@ -182,9 +194,9 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
          * compiler keeps one address per copy alive. */
         constexpr int kStep = kThreads / TL::kChunks;
         static_assert((kStep & (kStep - 1)) == 0, "a power-of-two row step (swizzled rows: row0 + i kStep carry-free)");
-        const int     row0 = tid / TL::kChunks, chunk = tid % TL::kChunks;
-        const uint32_t s   = dst + TL::offset(row0, chunk);
-        const T      *g    = src + (row0 * (int32_t)row_stride + chunk * 8);
+        const int row0 = tid / TL::kChunks, chunk = tid % TL::kChunks;
+        const uint32_t s = dst + TL::offset(row0, chunk);
+        const T *g = src + (row0 * (int32_t)row_stride + chunk * 8);
         const int64_t step = kStep * row_stride;
         /* A whole tile of at most FA_CP_ASYNC_UNROLL_MAX copies per thread: unrolled, without row checks (the
          * FA2 forward on the H200: +5% at d = 64 with 4 copies, +2-4% at d = 128 with 8). With 16 (d = 256) the
@@ -201,8 +213,8 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
         /* (stepping a swizzled row address kStep rows at a time: kStep % 8 in {0, 4} keeps (row0 + i kStep) % 8
          * = row0 % 8 ^ (i kStep) % 8 one XOR per step) */
         static_assert(!TL::kSwizzled || kStep % 4 == 0, "swizzled rows: a row step of 4 or a multiple of 8");
-        int      left = rows_valid - row0; /* rows left for this thread, counting from its current row */
-        uint32_t si   = s;
+        int left = rows_valid - row0; /* rows left for this thread, counting from its current row */
+        uint32_t si = s;
 #pragma unroll 1
         for (int i = 0; i < kTotal / kThreads; i++) {
             fa_cp_async_16(si, left > 0 ? g : src, left > 0);
@@ -213,9 +225,9 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
     } else {
 #pragma unroll
         for (int i = 0; i < kTotal / kThreads; i++) {
-            const int  idx   = tid + i * kThreads;
-            const int  row   = idx / TL::kChunks;
-            const int  chunk = idx % TL::kChunks;
+            const int idx = tid + i * kThreads;
+            const int row = idx / TL::kChunks;
+            const int chunk = idx % TL::kChunks;
             const bool valid = row < rows_valid;
             fa_cp_async_16(dst + TL::offset(row, chunk), valid ? src + (row * (int32_t)row_stride + chunk * 8) : src,
                            valid);
@@ -233,27 +245,28 @@ static __device__ __forceinline__ void fa_cp_async_tile(uint32_t dst, const T *s
  *              one address with immediate offsets (as are the shared-memory ones), and a row's copies go out
  *              together: a quarter of the address arithmetic and of the moves into aligned register pairs,
  *              and a warp instruction still covers whole 128-byte lines (4 rows x 128 bytes). */
-template <typename TL, int kThreads, int kPtrs, typename T> struct fa_cp_async_stream {
+template <typename TL, int kThreads, int kPtrs, typename T>
+struct fa_cp_async_stream {
     typedef TL tile;
     static constexpr int kRows = TL::kRows, kCols = TL::kCols;
-    static constexpr bool kSlabs  = kPtrs < 0;
-    static constexpr int  kPerRow = kSlabs ? kCols / 64 : 1;    /* copies per row and thread */
-    static constexpr int  kTPR    = kSlabs ? 8 : tile::kChunks; /* threads per row */
+    static constexpr bool kSlabs = kPtrs < 0;
+    static constexpr int kPerRow = kSlabs ? kCols / 64 : 1; /* copies per row and thread */
+    static constexpr int kTPR = kSlabs ? 8 : tile::kChunks; /* threads per row */
     static_assert(!kSlabs || kCols % 64 == 0, "slabs: whole 64-column slabs");
     static_assert(kThreads % kTPR == 0 && kRows % (kThreads / kTPR) == 0, "stream split");
-    static constexpr int kStep   = kThreads / kTPR;         /* rows between a thread's rows */
+    static constexpr int kStep = kThreads / kTPR; /* rows between a thread's rows */
     static_assert((kStep & (kStep - 1)) == 0, "a power-of-two row step (swizzled rows: row0 + i kStep carry-free)");
     static constexpr int kCopies = kRows / kStep * kPerRow; /* per thread */
     uint32_t s;
     const T *g[kPtrs > 0 ? kPtrs : 1];
-    int64_t  step;     /* kPtrs row steps */
-    int32_t  row_step; /* slabs: kStep rows */
+    int64_t step;     /* kPtrs row steps */
+    int32_t row_step; /* slabs: kStep rows */
 
     __device__ __forceinline__ void init(uint32_t dst, const T *src, int64_t row_stride, int tid) {
         const int row0 = tid / kTPR, chunk = tid % kTPR;
         s = dst + tile::offset(row0, chunk);
         if constexpr (kSlabs) {
-            g[0]     = src + (row0 * (int32_t)row_stride + chunk * 8);
+            g[0] = src + (row0 * (int32_t)row_stride + chunk * 8);
             row_step = kStep * (int32_t)row_stride;
         } else {
 #pragma unroll
@@ -333,8 +346,8 @@ static __device__ __forceinline__ float fa_warp_sum(float x) {
 static __device__ __forceinline__ bool fa_row_sees_key(int64_t i, int64_t len_q, int64_t len_k, int window_left,
                                                        int window_right) {
     const int64_t diag = i + len_k - len_q;
-    const int64_t lo   = window_left < 0 ? 0 : max(diag - window_left, (int64_t)0);
-    const int64_t hi   = window_right < 0 ? len_k : min(diag + window_right + 1, len_k);
+    const int64_t lo = window_left < 0 ? 0 : max(diag - window_left, (int64_t)0);
+    const int64_t hi = window_right < 0 ? len_k : min(diag + window_right + 1, len_k);
     return lo < hi;
 }
 

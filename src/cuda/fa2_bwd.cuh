@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
     for (int r = blockIdx.x * 64 + threadIdx.x / LANES; r < min(s.len_q, (int)(blockIdx.x + 1) * 64); r += ROWS) {
         /* columns sub*8 .. sub*8+7 (group sub / 2): four pairs, at fa2_bwd_dq_pos(8 (sub % 2) + 2t) in the group */
         const float *src = a.dq_accum + fa2_bwd_dq_index(s.tok_q + r, h, sub / 2 * 16, a.heads_q, D);
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        float acc[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
         for (int sp = 0; sp < nsplit; sp++) {
             const float *p = src + sp * a.dq_split_stride;
 #pragma unroll
@@ -347,13 +347,13 @@ static __device__ __forceinline__ bwd_block bwd_block_get(const fa2_bwd_args &a)
     if (FA2_BWD_CHUNK_SMS == 0 || cp == 1) {
         w.nb = blockIdx.x;
         w.hk = blockIdx.y;
-        w.b  = blockIdx.z;
+        w.b = blockIdx.z;
         return w;
     }
     const fa_grid_slot g = fa_chunked_order(nx, ny, cp);
     w.nb = g.rank;
     w.hk = g.pair % ny;
-    w.b  = g.pair / ny;
+    w.b = g.pair / ny;
     return w;
 }
 
@@ -365,8 +365,7 @@ static __device__ __forceinline__ bwd_block bwd_block_get(const fa2_bwd_args &a)
  * (Q or dO), both in TD's layout (fa_smem_tile) with the lane's ldmatrix offsets folded into the base addresses.
  * S^T = K Q^T and dP^T = V dO^T are both this product. */
 template <typename T, typename TD, int D, int KR, int QW>
-static __device__ __forceinline__ void bwd_rows_x_rows(float (&acc)[KR][QW / 8][4], uint32_t a_base,
-                                                       uint32_t b_base) {
+static __device__ __forceinline__ void bwd_rows_x_rows(float (&acc)[KR][QW / 8][4], uint32_t a_base, uint32_t b_base) {
     typedef fa_elem<T> dt;
 #pragma unroll
     for (int mr = 0; mr < KR; mr++)
@@ -473,13 +472,13 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
                   "swizzled tiles start 128-byte aligned (frag XORs bits 5-6 of the address)");
     typedef fa_smem_tile<BN, D, kSwizzle> td;
     typedef fa_smem_tile<BN, BM> tm;
-    const uint32_t o_kv = td::offset(kw * KW + r_a, c_l);      /* A of S^T, dP^T: K, V rows kw*KW.. */
-    const uint32_t o_qb = td::offset(wh * QW + r_b, c_b);      /* B of S^T, dP^T: Q, dO rows wh*QW.. */
-    const uint32_t o_qt = td::offset(r_a, 2 * wh + c_l);       /* B of dV, dK: dO, Q transposed, groups WD*j + wh */
-    const uint32_t o_pa = tm::offset(kw * KW + r_a, c_l);      /* A of dV, dK from P^T, dS^T (WD > 1) */
-    const uint32_t o_da = tm::offset(r_b, wm * MW / 8 + c_b);  /* A of dQ: dS^T transposed, queries wm*MW.. */
-    const uint32_t o_kt = td::offset(r_a, 2 * wn + c_l);       /* B of dQ: K transposed, groups WQN*j + wn */
-    const uint32_t o_st = tm::offset(kw * KW + g, 0) + 4 * tq; /* this thread's P^T, dS^T slot (row g, col 2 tq) */
+    const uint32_t o_kv = td::offset(kw * KW + r_a, c_l);       /* A of S^T, dP^T: K, V rows kw*KW.. */
+    const uint32_t o_qb = td::offset(wh * QW + r_b, c_b);       /* B of S^T, dP^T: Q, dO rows wh*QW.. */
+    const uint32_t o_qt = td::offset(r_a, 2 * wh + c_l);        /* B of dV, dK: dO, Q transposed, groups WD*j + wh */
+    const uint32_t o_pa = tm::offset(kw * KW + r_a, c_l);       /* A of dV, dK from P^T, dS^T (WD > 1) */
+    const uint32_t o_da = tm::offset(r_b, wm * MW / 8 + c_b);   /* A of dQ: dS^T transposed, queries wm*MW.. */
+    const uint32_t o_kt = td::offset(r_a, 2 * wn + c_l);        /* B of dQ: K transposed, groups WQN*j + wn */
+    const uint32_t o_st = tm::offset(kw * KW + g, 0) + 4 * tq;  /* this thread's P^T, dS^T slot (row g, col 2 tq) */
     const uint32_t o_stq = o_st + tm::offset(0, wh * (QW / 8)); /* ... in the warp's first query column block */
     /* this lane's stmatrix row of the warp's P^T, dS^T block: matrix lane / 8 = (rows +8, columns +8) */
     const uint32_t o_sm = tm::offset(kw * KW + (lane & 7) + ((lane >> 3) & 1) * 8, wh * (QW / 8) + (lane >> 4));
@@ -530,8 +529,8 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
             if (QB == 2) {
                 if (t + 1 < nsteps)
                     bwd_load_step<T, td, BM, NT>(a, s, b, hq_next, next_head ? mb_lo * BM : m0 + BM,
-                                                aQ + 2 * (buf ^ 1) * BM * RD, adO + 2 * (buf ^ 1) * BM * RD,
-                                                sLSE + (buf ^ 1) * BM, sDs + (buf ^ 1) * BM);
+                                                 aQ + 2 * (buf ^ 1) * BM * RD, adO + 2 * (buf ^ 1) * BM * RD,
+                                                 sLSE + (buf ^ 1) * BM, sDs + (buf ^ 1) * BM);
                 fa_cp_async_commit();
             }
 
@@ -637,8 +636,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
                         if (has_softcap) {
                             const uint32_t o = o_st + tm::offset(mr * 16, wh * (QW / 8) + j);
                             const float2 f01 = fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o));
-                            const float2 f23 =
-                                fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o + tm::offset(8, 0)));
+                            const float2 f23 = fa_elem<__half>::unpack(bwd_ld_shared_u32(st_dS + o + tm::offset(8, 0)));
                             ds[0] *= f01.x, ds[1] *= f01.y, ds[2] *= f23.x, ds[3] *= f23.y;
                         }
                         ds16[mr][j][0] = dt::pack(ds[0], ds[1]);
@@ -699,7 +697,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
             if (QB == 1) {
                 if (t + 1 < nsteps)
                     bwd_load_step<T, td, BM, NT>(a, s, b, hq_next, next_head ? mb_lo * BM : m0 + BM, aQ, adO, sLSE,
-                                                sDs);
+                                                 sDs);
                 fa_cp_async_commit();
             }
 
@@ -708,8 +706,7 @@ __global__ void __launch_bounds__(WK *WD * 32, 1) fa2_bwd_main_kernel(const fa2_
              * first; the addresses are set up once per step (fa2_bwd_dq_index). */
             const int qrow = m0 + wm * MW + g, rows_left = s.len_q - qrow;
             const int64_t qtok = s.tok_q + qrow;
-            float *const dq_thread =
-                dq_accum + fa2_bwd_dq_index(qtok, hq, 16 * wn + 2 * tq, a.heads_q, D);
+            float *const dq_thread = dq_accum + fa2_bwd_dq_index(qtok, hq, 16 * wn + 2 * tq, a.heads_q, D);
 
 #pragma unroll
             for (int ch = 0; ch < NWQ / DQ_CHUNK; ch++) {

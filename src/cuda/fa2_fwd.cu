@@ -46,7 +46,7 @@ static_assert(fwd_tiles_ordered(1), "fa2_fwd_tiles: rows of a head dim out of or
  * -1 when the head dim has none, -2 when none fits. */
 static int fwd_tile(int head_dim, const fa_cuda_device *dev) {
     const size_t limit = fa_cuda_smem_limit(dev);
-    int          found = -1;
+    int found = -1;
     for (int i = 0; i < FA2_FWD_NTILES; i++) {
         if (fa2_fwd_tiles[i].d != head_dim) continue;
         const size_t smem = fa2_fwd_smem_bytes(fa2_fwd_tiles[i]);
@@ -57,10 +57,9 @@ static int fwd_tile(int head_dim, const fa_cuda_device *dev) {
 }
 /* A head dim's last row asks for one block per SM: whatever fits a block is taken. */
 static constexpr bool fwd_tiles_end_single(int i) {
-    return i >= FA2_FWD_NTILES ||
-           ((i + 1 < FA2_FWD_NTILES && fa2_fwd_tiles[i + 1].d == fa2_fwd_tiles[i].d) ||
-            fa2_fwd_tiles[i].sm_blocks == 1) &&
-               fwd_tiles_end_single(i + 1);
+    return i >= FA2_FWD_NTILES || ((i + 1 < FA2_FWD_NTILES && fa2_fwd_tiles[i + 1].d == fa2_fwd_tiles[i].d) ||
+                                   fa2_fwd_tiles[i].sm_blocks == 1) &&
+                                      fwd_tiles_end_single(i + 1);
 }
 static_assert(fwd_tiles_end_single(0), "fa2_fwd_tiles: a head dim's last row must have sm_blocks 1");
 
@@ -68,7 +67,7 @@ extern "C" fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device 
     if (p->dtype != FA_F16 && p->dtype != FA_BF16)
         return fa_fail(FA_ERR_UNSUPPORTED, "the FA2 kernels take f16 or bf16 only (dtype %d)", (int)p->dtype);
     const fa2_fwd_launcher launch = fwd_launcher(p->head_dim);
-    const int              tile   = fwd_tile(p->head_dim, dev);
+    const int tile = fwd_tile(p->head_dim, dev);
     if (!launch || tile == -1)
         return fa_fail(FA_ERR_UNSUPPORTED, "head_dim (%d) has no FA2 forward kernel (compiled:" FA_HDIMS_STR ")",
                        p->head_dim);
@@ -90,8 +89,8 @@ extern "C" fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device 
         return fa_fail(FA_ERR_UNSUPPORTED, "batch (%d) and heads_q (%d) must be <= 65535 for the FA2 forward grid",
                        p->batch, p->heads_q);
     /* tile copies use 32-bit offsets within a tile of at most 256 rows */
-    const fa_tensor *ts[3] = {&p->q, &p->k, &p->v};
-    const char      *nm[3] = {"q", "k", "v"};
+    const fa_tensor *ts[3] = { &p->q, &p->k, &p->v };
+    const char *nm[3] = { "q", "k", "v" };
     for (int i = 0; i < 3; i++)
         if (ts[i]->stride_seq > INT32_MAX / 256)
             return fa_fail(FA_ERR_UNSUPPORTED, "%s.stride_seq (%lld) exceeds the FA2 kernels' limit (%d elements)",
@@ -116,7 +115,7 @@ extern "C" size_t fa2_fwd_workspace_size(const fa_params *p, const fa_cuda_devic
 extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
     (void)workspace;
     const fa2_fwd_launcher launch = fwd_launcher(p->head_dim);
-    const int              tile   = fwd_tile(p->head_dim, dev);
+    const int tile = fwd_tile(p->head_dim, dev);
     if (!launch || tile < 0)
         return fa_fail(FA_ERR_INTERNAL, "FA2 forward run for head_dim %d without a kernel that fits", p->head_dim);
 
@@ -130,12 +129,12 @@ extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a.cu_seqlens_q = p->cu_seqlens_q, a.cu_seqlens_k = p->cu_seqlens_k;
     a.seqlen_q = p->seqlen_q, a.seqlen_k = p->seqlen_k;
     a.heads_q = p->heads_q, a.group = p->heads_q / p->heads_kv;
-    a.total_q       = p->total_q;
-    a.scale         = p->softmax_scale;
-    a.scale_log2    = fabsf(p->softmax_scale) * 1.4426950408889634f;
+    a.total_q = p->total_q;
+    a.scale = p->softmax_scale;
+    a.scale_log2 = fabsf(p->softmax_scale) * 1.4426950408889634f;
     a.inv_abs_scale = 1.0f / fabsf(p->softmax_scale);
-    a.softcap       = p->softcap;
-    a.inv_softcap   = p->softcap > 0.0f ? 1.0f / p->softcap : 0.0f;
+    a.softcap = p->softcap;
+    a.inv_softcap = p->softcap > 0.0f ? 1.0f / p->softcap : 0.0f;
     a.window_left = p->window_left, a.window_right = p->window_right;
     a.alibi = p->alibi_slopes, a.alibi_batch_stride = p->alibi_batch_stride;
     a.every_block_modified = p->softcap > 0.0f || p->alibi_slopes != NULL || p->softmax_scale < 0.0f;
@@ -144,7 +143,7 @@ extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
      * work, and one pair per chunk keeps each head's K and V shared by its blocks running together. */
     const int m_blocks = (p->seqlen_q + fa2_fwd_tiles[tile].block_m - 1) / fa2_fwd_tiles[tile].block_m;
     const bool id_fits = (int64_t)m_blocks * p->heads_q * p->batch <= INT32_MAX; /* fa2_fwd_block's linear index */
-    a.chunk_pairs      = 1;
+    a.chunk_pairs = 1;
     if (p->window_right >= 0 && m_blocks > 0 && id_fits)
         a.chunk_pairs = max(1, FA2_FWD_CHUNK_SMS * dev->sm_count / m_blocks);
 
@@ -152,4 +151,4 @@ extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     return fa_cuda_status(launch(&a, p->dtype, tile, p->batch, stream), "FA2 forward launch");
 }
 
-const fa_kernel_family fa2_fwd_family = {"fa2 forward", fa2_fwd_supported, fa2_fwd_workspace_size, fa2_fwd_run};
+const fa_kernel_family fa2_fwd_family = { "fa2 forward", fa2_fwd_supported, fa2_fwd_workspace_size, fa2_fwd_run };

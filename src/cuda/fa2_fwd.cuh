@@ -36,25 +36,25 @@
 /* Everything the kernel reads, resolved on the host by fa2_fwd.cu. Strides are in elements. */
 typedef struct fa2_fwd_args {
     const void *q, *k, *v;
-    void       *o;
-    float      *lse; /* may be NULL */
-    int64_t     q_batch, q_row, q_head;
-    int64_t     k_batch, k_row, k_head;
-    int64_t     v_batch, v_row, v_head;
-    int64_t     o_batch, o_row, o_head;
+    void *o;
+    float *lse; /* may be NULL */
+    int64_t q_batch, q_row, q_head;
+    int64_t k_batch, k_row, k_head;
+    int64_t v_batch, v_row, v_head;
+    int64_t o_batch, o_row, o_head;
     const int32_t *cu_seqlens_q, *cu_seqlens_k; /* device; NULL for a dense batch */
-    int32_t     seqlen_q, seqlen_k;              /* dense lengths, or the varlen upper bounds */
-    int32_t     heads_q, group;                  /* group = heads_q / heads_kv */
-    int64_t     total_q;                         /* varlen: lse is (heads_q, total_q) */
-    float       scale;                           /* softmax_scale */
-    float       scale_log2;                      /* |softmax_scale| * log2(e) */
-    float       inv_abs_scale;                   /* 1 / |softmax_scale| */
-    float       softcap, inv_softcap;            /* softcap > 0: on */
-    int32_t     window_left, window_right;       /* -1 = unbounded; causal is window_right = 0 */
-    const float *alibi;                          /* device; NULL = off */
-    int64_t     alibi_batch_stride;
-    int32_t     every_block_modified;            /* softcap, ALiBi or a negative scale: scores need the slow path */
-    int32_t     chunk_pairs;                     /* launch order: (batch, head) pairs per chunk (fa2_fwd_block) */
+    int32_t seqlen_q, seqlen_k;                 /* dense lengths, or the varlen upper bounds */
+    int32_t heads_q, group;                     /* group = heads_q / heads_kv */
+    int64_t total_q;                            /* varlen: lse is (heads_q, total_q) */
+    float scale;                                /* softmax_scale */
+    float scale_log2;                           /* |softmax_scale| * log2(e) */
+    float inv_abs_scale;                        /* 1 / |softmax_scale| */
+    float softcap, inv_softcap;                 /* softcap > 0: on */
+    int32_t window_left, window_right;          /* -1 = unbounded; causal is window_right = 0 */
+    const float *alibi;                         /* device; NULL = off */
+    int64_t alibi_batch_stride;
+    int32_t every_block_modified; /* softcap, ALiBi or a negative scale: scores need the slow path */
+    int32_t chunk_pairs;          /* launch order: (batch, head) pairs per chunk (fa2_fwd_block) */
 } fa2_fwd_args;
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -102,26 +102,27 @@ typedef struct fa2_fwd_tile {
 
 /* The configurations of each head dim from the most shared memory to the least; the host takes the first that
  * fits the device's opt-in shared memory per block (227 KB on H100/H200, 163 KB on A100, 99 KB (101376 bytes)
- * on sm_86, sm_89 and sm_120) sm_blocks times over in an SM's (228, 164, 100 KB; fa2_fwd.cu). The first row of a head dim is the one measured on the H200
- * (docs/worklog.md). Comments: shared memory in KB of 1024 bytes, [block_m x block_n], the GPUs that take it. */
+ * on sm_86, sm_89 and sm_120) sm_blocks times over in an SM's (228, 164, 100 KB; fa2_fwd.cu). The first row of a head
+ * dim is the one measured on the H200 (docs/worklog.md). Comments: shared memory in KB of 1024 bytes, [block_m x
+ * block_n], the GPUs that take it. */
 static constexpr fa2_fwd_tile fa2_fwd_tiles[] = {
     /* d, block_m, block_n, step_n, warps, stages, pipe, stream_v, stream_k, sm_blocks */
-    {32, FA2_FWD_TILE_32, 1},   /* 50 KB [128 x 128]: every part; O is 32 registers, so 128-key tiles halve the
-                                   barriers per key */
-    {64, FA2_FWD_TILE_64, 1},   /* 54 KB [128 x 64]: every part; O 64 + S 64 registers; pipelined */
-    {96, FA2_FWD_TILE_96, 1},   /* 78 KB [128 x 64]: every part; O is 96 registers, which leaves room for a 32-key
-                                   softmax step only */
-    {128, FA2_FWD_TILE_128, 2}, /* 102 KB [128 x 64]: H100/H200 (two blocks per SM); O 128 + S 64 registers, the
-                                   paper's A100/H100 tile, pipelined and double-buffered (+3-7% over the single
-                                   stage below on the H200) */
-    {128, 128, 64, 64, 4, 1, 1, 2, 2, 1}, /* 68 KB [128 x 64]: every part; single-stage: V copied during Q K^T, the
-                                   next K during P V */
-    {192, FA2_FWD_TILE_192, 1}, /* 75 KB [64 x 64]: every part; single-stage so that two blocks share an H200 SM;
-                                   one m16 tile per warp (O 96 registers) */
-    {256, FA2_FWD_TILE_256, 1}, /* 96 KB [64 x 64]: every part (the 99 KB parts too); single-stage: two
-                                   blocks per H200 SM hide each other's loads (O alone is 128 registers) */
-    {256, 64, 32, 32, 4, 1, 0, 0, 0, 1}, /* 64 KB [64 x 32]: below 96 KB (a limit set by FLASHATTN_SMEM_LIMIT); half
-                                   the keys per tile */
+    { 32, FA2_FWD_TILE_32, 1 },   /* 50 KB [128 x 128]: every part; O is 32 registers, so 128-key tiles halve the
+                                     barriers per key */
+    { 64, FA2_FWD_TILE_64, 1 },   /* 54 KB [128 x 64]: every part; O 64 + S 64 registers; pipelined */
+    { 96, FA2_FWD_TILE_96, 1 },   /* 78 KB [128 x 64]: every part; O is 96 registers, which leaves room for a 32-key
+                                     softmax step only */
+    { 128, FA2_FWD_TILE_128, 2 }, /* 102 KB [128 x 64]: H100/H200 (two blocks per SM); O 128 + S 64 registers, the
+                                     paper's A100/H100 tile, pipelined and double-buffered (+3-7% over the single
+                                     stage below on the H200) */
+    { 128, 128, 64, 64, 4, 1, 1, 2, 2, 1 }, /* 68 KB [128 x 64]: every part; single-stage: V copied during Q K^T, the
+                                     next K during P V */
+    { 192, FA2_FWD_TILE_192, 1 }, /* 75 KB [64 x 64]: every part; single-stage so that two blocks share an H200 SM;
+                                     one m16 tile per warp (O 96 registers) */
+    { 256, FA2_FWD_TILE_256, 1 }, /* 96 KB [64 x 64]: every part (the 99 KB parts too); single-stage: two
+                                     blocks per H200 SM hide each other's loads (O alone is 128 registers) */
+    { 256, 64, 32, 32, 4, 1, 0, 0, 0, 1 }, /* 64 KB [64 x 32]: below 96 KB (a limit set by FLASHATTN_SMEM_LIMIT); half
+                                     the keys per tile */
 };
 #define FA2_FWD_NTILES ((int)(sizeof(fa2_fwd_tiles) / sizeof(fa2_fwd_tiles[0])))
 
@@ -157,7 +158,7 @@ FA_HDIMS(FA2_FWD_DECLARE_ONE)
 
 /* Where sequence b's rows start in each tensor, and its lengths. */
 struct fa2_seq {
-    int     len_q, len_k;
+    int len_q, len_k;
     int64_t q, k, v, o, lse; /* element offsets of row 0 (head 0) */
 };
 
@@ -167,19 +168,19 @@ static __device__ __forceinline__ fa2_seq fa2_seq_get(const fa2_fwd_args &a, int
         const int tq = a.cu_seqlens_q[b], tk = a.cu_seqlens_k[b];
         s.len_q = a.cu_seqlens_q[b + 1] - tq;
         s.len_k = a.cu_seqlens_k[b + 1] - tk;
-        s.q     = tq * a.q_row;
-        s.o     = tq * a.o_row;
-        s.k     = tk * a.k_row;
-        s.v     = tk * a.v_row;
-        s.lse   = h * a.total_q + tq;
+        s.q = tq * a.q_row;
+        s.o = tq * a.o_row;
+        s.k = tk * a.k_row;
+        s.v = tk * a.v_row;
+        s.lse = h * a.total_q + tq;
     } else {
         s.len_q = a.seqlen_q;
         s.len_k = a.seqlen_k;
-        s.q     = b * a.q_batch;
-        s.o     = b * a.o_batch;
-        s.k     = b * a.k_batch;
-        s.v     = b * a.v_batch;
-        s.lse   = ((int64_t)b * a.heads_q + h) * a.seqlen_q;
+        s.q = b * a.q_batch;
+        s.o = b * a.o_batch;
+        s.k = b * a.k_batch;
+        s.v = b * a.v_batch;
+        s.lse = ((int64_t)b * a.heads_q + h) * a.seqlen_q;
     }
     return s;
 }
@@ -190,32 +191,32 @@ struct fa2_fwd_block {
     int m_block, h, b;
 };
 static __device__ __forceinline__ fa2_fwd_block fa2_fwd_block_get(const fa2_fwd_args &a) {
-    const int     nm = gridDim.x, ny = gridDim.y, cp = a.chunk_pairs;
+    const int nm = gridDim.x, ny = gridDim.y, cp = a.chunk_pairs;
     fa2_fwd_block w;
     if (cp == 1) { /* (also every grid of 2^31 blocks or more: the host sets cp = 1 for those) */
         w.m_block = nm - 1 - blockIdx.x;
-        w.h       = blockIdx.y;
-        w.b       = blockIdx.z;
+        w.h = blockIdx.y;
+        w.b = blockIdx.z;
         return w;
     }
     const fa_grid_slot g = fa_chunked_order(nm, ny, cp);
     w.m_block = nm - 1 - g.rank;
-    w.h       = g.pair % ny;
-    w.b       = g.pair / ny;
+    w.h = g.pair % ny;
+    w.b = g.pair / ny;
     return w;
 }
 
 template <typename T, int D, int BM, int BN, int SN, int NW, int STAGES, bool PIPE, int STREAM_V, int STREAM_K>
 __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant__ fa2_fwd_args a) {
-    typedef fa_elem<T>           E;
+    typedef fa_elem<T> E;
     constexpr bool kSwizzle = fa2_fwd_swizzled(D);
     typedef fa_smem_tile<BM, D, kSwizzle> QTile;
     typedef fa_smem_tile<BN, D, kSwizzle> KVTile;
     constexpr int kThreads = NW * 32;
-    constexpr int RPW      = BM / NW; /* query rows per warp */
-    constexpr int MT       = RPW / 16; /* m16 tiles per warp */
-    constexpr int NT       = SN / 8;   /* n8 tiles of S (one softmax step of SN keys) */
-    constexpr int DT       = D / 8;    /* n8 tiles of O */
+    constexpr int RPW = BM / NW; /* query rows per warp */
+    constexpr int MT = RPW / 16; /* m16 tiles per warp */
+    constexpr int NT = SN / 8;   /* n8 tiles of S (one softmax step of SN keys) */
+    constexpr int DT = D / 8;    /* n8 tiles of O */
     constexpr uint32_t kStageBytes = 2 * KVTile::kBytes;
     static_assert(RPW % 16 == 0 && SN % 16 == 0 && BN % SN == 0 && D % 16 == 0, "tile shape");
     static_assert(SN == BN || STAGES == 2, "single-stage K/V needs the whole block in one softmax step");
@@ -231,12 +232,13 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 #else
     constexpr int kStreamPtrs = FA2_STREAM_PTRS;
 #endif
-    typedef fa_cp_async_stream<KVTile, kStream ? kThreads : D / 8, kStreamPtrs, T> KVStream; /* (unused if not kStream) */
-    constexpr int kVSteps = D / 16 / (STREAM_V > 0 ? STREAM_V : 1);            /* Q K^T steps that carry V's copies */
+    typedef fa_cp_async_stream<KVTile, kStream ? kThreads : D / 8, kStreamPtrs, T>
+        KVStream;                                                               /* (unused if not kStream) */
+    constexpr int kVSteps = D / 16 / (STREAM_V > 0 ? STREAM_V : 1);             /* Q K^T steps that carry V's copies */
     constexpr int kKSteps = SN / 16 * (D / 16) / (STREAM_K > 0 ? STREAM_K : 1); /* P V steps that carry K's */
 
     extern __shared__ __align__(128) unsigned char fa2_smem[];
-    const uint32_t sQ  = fa_smem_addr(fa2_smem);
+    const uint32_t sQ = fa_smem_addr(fa2_smem);
     const uint32_t sKV = sQ + QTile::kBytes; /* stage s: K at sKV + s kStageBytes, V right after K */
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -244,24 +246,24 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     const int m_block = work.m_block, h = work.h, b = work.b;
 
     const fa2_seq sq = fa2_seq_get(a, b, h);
-    const int     m0 = m_block * BM;
+    const int m0 = m_block * BM;
     if (m0 >= sq.len_q) return;
-    const int len_k  = sq.len_k;
+    const int len_k = sq.len_k;
     const int rows_q = min(BM, sq.len_q - m0);
-    const int hk     = h / a.group;
-    const T  *k      = (const T *)a.k + sq.k + hk * a.k_head;
-    const T  *v      = (const T *)a.v + sq.v + hk * a.v_head;
+    const int hk = h / a.group;
+    const T *k = (const T *)a.k + sq.k + hk * a.k_head;
+    const T *v = (const T *)a.v + sq.v + hk * a.v_head;
 
     /* Query i sits at key i + shift. Keys visible to some row of the block: [key_lo, key_hi). Blocks whose
      * keys are visible to every row of the block: [n_full_lo, n_full_hi). */
     const int64_t shift = (int64_t)len_k - sq.len_q;
     int64_t key_lo = 0, key_hi = len_k, full_lo = 0, full_hi = len_k;
     if (a.window_left >= 0) {
-        key_lo  = max((int64_t)0, m0 + shift - a.window_left);
+        key_lo = max((int64_t)0, m0 + shift - a.window_left);
         full_lo = m0 + rows_q - 1 + shift - a.window_left;
     }
     if (a.window_right >= 0) {
-        key_hi  = min((int64_t)len_k, m0 + rows_q - 1 + shift + a.window_right + 1);
+        key_hi = min((int64_t)len_k, m0 + rows_q - 1 + shift + a.window_right + 1);
         full_hi = min((int64_t)len_k, m0 + shift + a.window_right + 1);
     }
 
@@ -275,7 +277,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
             for (int r = tid; r < rows_q; r += kThreads) a.lse[sq.lse + m0 + r] = -INFINITY;
         return;
     }
-    const int n_lo      = (int)(key_lo / BN), n_hi = (int)((key_hi + BN - 1) / BN);
+    const int n_lo = (int)(key_lo / BN), n_hi = (int)((key_hi + BN - 1) / BN);
     const int n_full_lo = (int)min((max(full_lo, (int64_t)0) + BN - 1) / BN, (int64_t)n_hi);
     const int n_full_hi = (int)max(full_hi / BN, (int64_t)0);
     /* This thread's first query row, as a key position: m0 + warp rows + lane / 4 + shift. */
@@ -297,14 +299,14 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
     fa_cp_async_tile<QTile, kThreads>(sQ, (const T *)a.q + sq.q + h * a.q_head + m0 * a.q_row, a.q_row, rows_q, tid);
     fa_cp_async_tile<KVTile, kThreads>(sKV, k + (int64_t)n * BN * a.k_row, a.k_row, len_k - n * BN, tid);
     if (STAGES == 2)
-        fa_cp_async_tile<KVTile, kThreads>(sKV + KVTile::kBytes, v + (int64_t)n * BN * a.v_row, a.v_row,
-                                           len_k - n * BN, tid);
+        fa_cp_async_tile<KVTile, kThreads>(sKV + KVTile::kBytes, v + (int64_t)n * BN * a.v_row, a.v_row, len_k - n * BN,
+                                           tid);
     fa_cp_async_commit();
 
     /* With one m16 tile per warp, Q's A fragments fit in registers (4 per 16 head dims) and are loaded once:
      * that saves a third of the ldmatrix traffic, which bounds such tiles. */
     constexpr bool kQInRegs = MT == 1 && D <= 128;
-    uint32_t       qreg[kQInRegs ? D / 16 : 1][4];
+    uint32_t qreg[kQInRegs ? D / 16 : 1][4];
     if (kQInRegs) {
         fa_cp_async_wait<0>();
         __syncthreads();
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
         __syncthreads(); /* this block's K (and V) landed; every warp is done with the buffers refilled next */
         /* (only the first block, at the sequence end, can be partial: its V is copied at once) */
         const bool v_stream = kStream && len_k - n * BN >= BN;
-        KVStream   kv_stream;
+        KVStream kv_stream;
         if (STAGES == 1) {
             if (v_stream)
                 kv_stream.init(sV, v + (int64_t)n * BN * a.v_row, a.v_row, tid);
@@ -408,7 +410,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                 stage_off ^= kStageBytes;
                 if (n > n_lo) {
                     const uint32_t sK2 = sKV + stage_off;
-                    const int      nb  = n - 1;
+                    const int nb = n - 1;
                     fa_cp_async_tile<KVTile, kThreads>(sK2, k + (int64_t)nb * BN * a.k_row, a.k_row, len_k - nb * BN,
                                                        tid);
                     fa_cp_async_tile<KVTile, kThreads>(sK2 + KVTile::kBytes, v + (int64_t)nb * BN * a.v_row, a.v_row,
@@ -425,8 +427,8 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                     if (kStream)
                         kv_stream.init(sK, k + (int64_t)nb * BN * a.k_row, a.k_row, tid);
                     else
-                        fa_cp_async_tile<KVTile, kThreads>(sK, k + (int64_t)nb * BN * a.k_row, a.k_row,
-                                                           len_k - nb * BN, tid);
+                        fa_cp_async_tile<KVTile, kThreads>(sK, k + (int64_t)nb * BN * a.k_row, a.k_row, len_k - nb * BN,
+                                                           tid);
                 }
                 if (!kStream) fa_cp_async_commit();
             }
@@ -449,8 +451,9 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                             for (int e = 0; e < 4; e++)
-                                s[mt][nt][e] = a.softcap * (1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * a.inv_softcap *
-                                                                                                  s[mt][nt][e])));
+                                s[mt][nt][e] =
+                                    a.softcap *
+                                    (1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * a.inv_softcap * s[mt][nt][e])));
                 }
                 if (a.alibi) {
                     const fa2_fwd_block w = fa2_fwd_block_get(a); /* (recomputed, as in the epilogue) */
@@ -507,8 +510,8 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
              * C fragment of key tile nt, rows g / g+8, is half of an A fragment); O and l are rescaled by
              * 2^(m_old - m). */
             const float c = a.scale_log2;
-            float       m_use[MT][2], corr[MT][2];
-            bool        grew = false; /* did any row maximum of this thread change */
+            float m_use[MT][2], corr[MT][2];
+            bool grew = false; /* did any row maximum of this thread change */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -516,15 +519,15 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                     float mx = -INFINITY;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
-                    mx                = fa_quad_max(mx);
+                    mx = fa_quad_max(mx);
                     const float m_new = fmaxf(row_max[mt][hf], mx * c);
-                    m_use[mt][hf]     = m_new == -INFINITY ? 0.0f : m_new; /* a row with no key yet: p = 0, not NaN */
-                    corr[mt][hf]      = fa_exp2(row_max[mt][hf] - m_use[mt][hf]);
+                    m_use[mt][hf] = m_new == -INFINITY ? 0.0f : m_new; /* a row with no key yet: p = 0, not NaN */
+                    corr[mt][hf] = fa_exp2(row_max[mt][hf] - m_use[mt][hf]);
                     grew |= m_new != row_max[mt][hf];
                     row_max[mt][hf] = m_new;
                 }
-            /* Rescaling is exact to skip when no row maximum of the warp moved (corr == 1): saves D/2 FMULs per
-             * row pair, most steps of a long sequence. */
+                /* Rescaling is exact to skip when no row maximum of the warp moved (corr == 1): saves D/2 FMULs per
+                 * row pair, most steps of a long sequence. */
 #ifndef FA2_FWD_RESCALE_ALWAYS
             if (__any_sync(0xffffffffu, grew))
 #endif
@@ -569,11 +572,11 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                             if (k_stream) kv_stream.copies_at(i, kKSteps);
                             if (i + 1 < SN / 16 * (D / 16))
                                 fa_ldmatrix_x4_trans(vb[(i + 1) & 1], KVTile::frag(v_addr, (i + 1) / (D / 16) * 16,
-                                                                                             (i + 1) % (D / 16) * 2));
+                                                                                   (i + 1) % (D / 16) * 2));
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++) {
-                                const uint32_t pa[4] = {p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
-                                                        p[mt][2 * kk + 1][1]};
+                                const uint32_t pa[4] = { p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
+                                                         p[mt][2 * kk + 1][1] };
                                 E::mma(acc[mt][2 * dp], pa, vb[i & 1][0], vb[i & 1][1]);
                                 E::mma(acc[mt][2 * dp + 1], pa, vb[i & 1][2], vb[i & 1][3]);
                             }
@@ -588,8 +591,8 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
                             fa_ldmatrix_x4_trans(vb, KVTile::frag(v_addr, kk * 16, dp * 2));
 #pragma unroll
                             for (int mt = 0; mt < MT; mt++) {
-                                const uint32_t pa[4] = {p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
-                                                        p[mt][2 * kk + 1][1]};
+                                const uint32_t pa[4] = { p[mt][2 * kk][0], p[mt][2 * kk][1], p[mt][2 * kk + 1][0],
+                                                         p[mt][2 * kk + 1][1] };
                                 E::mma(acc[mt][2 * dp], pa, vb[0], vb[1]);
                                 E::mma(acc[mt][2 * dp + 1], pa, vb[2], vb[3]);
                             }
@@ -609,23 +612,23 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
         /* the block's coordinates recomputed (b, h and m0 kept across the loop cost the d = 128 kernel 12 bytes
          * more spills) */
         const fa2_fwd_block w = fa2_fwd_block_get(a);
-        const fa2_seq  sq2    = fa2_seq_get(a, w.b, w.h);
-        const int      m0e    = w.m_block * BM; /* = m0 */
-        const int      rows   = min(BM, sq2.len_q - m0e);
-        T             *o      = (T *)a.o + sq2.o + w.h * a.o_head + m0e * a.o_row;
-        float         *lse    = a.lse ? a.lse + sq2.lse + m0e : NULL;
-        const int      row_w  = warp * RPW;
-        const int      g = lane / 4, t = lane % 4;
+        const fa2_seq sq2 = fa2_seq_get(a, w.b, w.h);
+        const int m0e = w.m_block * BM; /* = m0 */
+        const int rows = min(BM, sq2.len_q - m0e);
+        T *o = (T *)a.o + sq2.o + w.h * a.o_head + m0e * a.o_row;
+        float *lse = a.lse ? a.lse + sq2.lse + m0e : NULL;
+        const int row_w = warp * RPW;
+        const int g = lane / 4, t = lane % 4;
         __syncwarp(); /* every lane's last ldmatrix of Q rows is done before O overwrites them (no barrier follows
                        * the last Q K^T when K and V are double-buffered) */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                const float l    = fa_quad_sum(row_sum[mt][hf]);
-                const int   r    = row_w + mt * 16 + g + 8 * hf;
-                const bool  seen = fa_row_sees_key(m0e + r, sq2.len_q, sq2.len_k, a.window_left, a.window_right);
-                const float inv  = l > 0.0f ? 1.0f / l : NAN;
+                const float l = fa_quad_sum(row_sum[mt][hf]);
+                const int r = row_w + mt * 16 + g + 8 * hf;
+                const bool seen = fa_row_sees_key(m0e + r, sq2.len_q, sq2.len_k, a.window_left, a.window_right);
+                const float inv = l > 0.0f ? 1.0f / l : NAN;
                 if (lse && t == 0 && r < rows)
                     lse[r] = !seen ? -INFINITY : l > 0.0f ? (row_max[mt][hf] + log2f(l)) * FA_LN2 : NAN;
 #pragma unroll
@@ -639,7 +642,7 @@ __global__ void __launch_bounds__(NW * 32) fa2_fwd_kernel(const __grid_constant_
 #pragma unroll
         for (int i = 0; i < RPW * (D / 8) / 32; i++) {
             const int idx = lane + i * 32;
-            const int r   = row_w + idx / (D / 8), ch = idx % (D / 8);
+            const int r = row_w + idx / (D / 8), ch = idx % (D / 8);
             if (r < rows) *(uint4 *)(o + r * a.o_row + ch * 8) = *(const uint4 *)(fa2_smem + QTile::offset(r, ch));
         }
     }
@@ -655,8 +658,8 @@ static cudaError_t fa2_fwd_launch_tile(const fa2_fwd_args *a, int batch, cudaStr
         cudaFuncAttributes attr;
         return cudaFuncGetAttributes(&attr, kernel);
     }
-    const int   smem = (int)fa2_fwd_smem_bytes(t);
-    cudaError_t err  = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const int smem = (int)fa2_fwd_smem_bytes(t);
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    (int)cudaSharedmemCarveoutMaxShared);
@@ -678,10 +681,10 @@ static cudaError_t fa2_fwd_launch(const fa2_fwd_args *a, int tile, int batch, cu
     }
 }
 
-#define FA2_FWD_DEFINE_HDIM(D)                                                                          \
-    FA2_FWD_DECLARE_HDIM(D) {                                                                           \
-        return dtype == FA_BF16 ? fa2_fwd_launch<__nv_bfloat16, D, 0>(a, tile, batch, stream)           \
-                                : fa2_fwd_launch<__half, D, 0>(a, tile, batch, stream);                 \
+#define FA2_FWD_DEFINE_HDIM(D)                                                                \
+    FA2_FWD_DECLARE_HDIM(D) {                                                                 \
+        return dtype == FA_BF16 ? fa2_fwd_launch<__nv_bfloat16, D, 0>(a, tile, batch, stream) \
+                                : fa2_fwd_launch<__half, D, 0>(a, tile, batch, stream);       \
     }
 
 #endif /* __CUDACC__ */

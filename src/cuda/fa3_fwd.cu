@@ -76,8 +76,7 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
     if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: ALiBi is not supported");
     if (!(p->softcap > 0.0f) && !(p->softmax_scale > 0.0f))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: softmax_scale must be positive without softcap");
-    const int64_t tiles = (int64_t)((p->seqlen_q + fa3_block_m(p) - 1) / fa3_block_m(p)) *
-                          p->heads_q * p->batch;
+    const int64_t tiles = (int64_t)((p->seqlen_q + fa3_block_m(p) - 1) / fa3_block_m(p)) * p->heads_q * p->batch;
     if (tiles > ((int64_t)1 << 30))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: %lld query tiles is too many", (long long)tiles);
     const int dense = !fa_is_varlen(p);
@@ -113,7 +112,8 @@ static unsigned long long next_launch_tag(void) {
     static unsigned long long salt, launches;
     if (__atomic_load_n(&salt, __ATOMIC_ACQUIRE) == 0) {
         unsigned long long s = mix64((unsigned long long)time(NULL) ^ (unsigned long long)(uintptr_t)&salt ^
-                                     ((unsigned long long)clock() << 32)) | 1;
+                                     ((unsigned long long)clock() << 32)) |
+                               1;
         unsigned long long zero = 0;
         __atomic_compare_exchange_n(&salt, &zero, s, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
@@ -140,11 +140,11 @@ static fa3_knobs knobs_read(void) {
     static const struct {
         const char *name;
         int schedule;
-    } schedules[] = {{"full", FA3_SCHEDULE_FULL},
-                     {"pingpong", FA3_SCHEDULE_PINGPONG},
-                     {"overlap", FA3_SCHEDULE_OVERLAP},
-                     {"plain", FA3_SCHEDULE_PLAIN},
-                     {"qreg", FA3_SCHEDULE_QREG}};
+    } schedules[] = { { "full", FA3_SCHEDULE_FULL },
+                      { "pingpong", FA3_SCHEDULE_PINGPONG },
+                      { "overlap", FA3_SCHEDULE_OVERLAP },
+                      { "plain", FA3_SCHEDULE_PLAIN },
+                      { "qreg", FA3_SCHEDULE_QREG } };
     for (size_t i = 0; i < sizeof schedules / sizeof schedules[0]; i++)
         if (env_is("FLASHATTN_FA3_SCHEDULE", schedules[i].name)) k.schedule = schedules[i].schedule;
     k.block_m = env_choice("FLASHATTN_FA3_BLOCK_M", 128, 192);
@@ -165,7 +165,7 @@ const fa3_knobs *fa3_knobs_get(void) {
 #else
 /* The library's own choices everywhere: the launchers carry only the instances these reach. */
 const fa3_knobs *fa3_knobs_get(void) {
-    static const fa3_knobs defaults = {FA3_SCHEDULE_DEFAULT, 0, 0, 0, 0, 0, 0, 0};
+    static const fa3_knobs defaults = { FA3_SCHEDULE_DEFAULT, 0, 0, 0, 0, 0, 0, 0 };
     return &defaults;
 }
 #endif
@@ -202,13 +202,12 @@ static int longest_first_section(const fa_params *p, int right_bounded) {
 /* Tensor map of q, k, v or o. */
 static fa_status make_map(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int heads, int box_rows) {
     const int dense = !fa_is_varlen(p);
-    const int64_t rows = t == &p->q || t == &p->o ? (dense ? p->seqlen_q : p->total_q)
-                                                   : (dense ? p->seqlen_k : p->total_k);
+    const int64_t rows =
+        t == &p->q || t == &p->o ? (dense ? p->seqlen_q : p->total_q) : (dense ? p->seqlen_k : p->total_k);
     return fa3_tensor_map_rows(map, p, t, rows, heads, box_rows);
 }
 
-extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace,
-                                 cudaStream_t stream) {
+extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
     fa_status st = fa3_fwd_supported(p, dev);
     if (st != FA_OK) return st;
 
@@ -263,8 +262,8 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
      * grid: its last wave no longer waits on the last heads' long tiles. */
     /* warpgroups, as fa3_sched::tile_get's shift */
     const int idle_first = (a->num_m_blocks * block_m - p->seqlen_q) / 64;
-    const int first_last = a->align_end && a->section == 0 && !fa_is_varlen(p) && a->num_m_blocks > 1 &&
-                           idle_first == block_m / 64 - 1;
+    const int first_last =
+        a->align_end && a->section == 0 && !fa_is_varlen(p) && a->num_m_blocks > 1 && idle_first == block_m / 64 - 1;
     a->first_blocks_claim = first_last ? a->num_bh * (a->num_m_blocks - 1) : a->num_tiles;
     a->div_head_tiles = fa3_divisor_make(first_last ? a->num_m_blocks - 1 : 1 << 30);
     a->div_m_blocks = fa3_divisor_make(a->num_m_blocks);
@@ -306,4 +305,4 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     }
 }
 
-const fa_kernel_family fa3_fwd_family = {"fa3 forward", fa3_fwd_supported, fa3_fwd_workspace_size, fa3_fwd_run};
+const fa_kernel_family fa3_fwd_family = { "fa3 forward", fa3_fwd_supported, fa3_fwd_workspace_size, fa3_fwd_run };

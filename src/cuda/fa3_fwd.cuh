@@ -121,12 +121,12 @@ struct fa3_problem {
 
 /* Schedules (FLASHATTN_FA3_SCHEDULE, for measuring the design steps; bf16 only, f16 runs the default): */
 enum {
-    FA3_SCHEDULE_DEFAULT  = -1, /* what the head dim's launcher picks */
-    FA3_SCHEDULE_FULL     = 0, /* intra-warpgroup overlap + ping-pong, Q from shared memory */
+    FA3_SCHEDULE_DEFAULT = -1, /* what the head dim's launcher picks */
+    FA3_SCHEDULE_FULL = 0,     /* intra-warpgroup overlap + ping-pong, Q from shared memory */
     FA3_SCHEDULE_PINGPONG = 1, /* ping-pong only */
-    FA3_SCHEDULE_OVERLAP  = 2, /* intra-warpgroup overlap only */
-    FA3_SCHEDULE_PLAIN    = 3, /* warp specialization only */
-    FA3_SCHEDULE_QREG     = 4  /* Q K^T with Q from registers (the default where the head dim has it) */
+    FA3_SCHEDULE_OVERLAP = 2,  /* intra-warpgroup overlap only */
+    FA3_SCHEDULE_PLAIN = 3,    /* warp specialization only */
+    FA3_SCHEDULE_QREG = 4      /* Q K^T with Q from registers (the default where the head dim has it) */
 };
 
 /* The developer knobs of fa3_fwd.cu's header comment, read from the environment once per process (a getenv
@@ -183,9 +183,15 @@ enum { FA3_STAGES = 2 };
  * numbering of the PTX, and ptxas's register allocation with it. */
 template <int N>
 struct fa3_pipe {
-    static __device__ __forceinline__ int stage(int j) { return j % N; }
-    static __device__ __forceinline__ uint32_t phase(int j) { return (j / N) & 1; }
-    static __device__ __forceinline__ uint32_t empty_phase(int j) { return ((j / N) & 1) ^ 1; }
+    static __device__ __forceinline__ int stage(int j) {
+        return j % N;
+    }
+    static __device__ __forceinline__ uint32_t phase(int j) {
+        return (j / N) & 1;
+    }
+    static __device__ __forceinline__ uint32_t empty_phase(int j) {
+        return ((j / N) & 1) ^ 1;
+    }
 };
 
 /* The shared-memory area after the tiles: the mbarriers (8 bytes each) and what the producer publishes beside
@@ -195,15 +201,15 @@ struct fa3_bar_layout {
     static constexpr int kGeoBytes = 48; /* a fa3_tile, as the producer publishes it (kSharedGeo) */
     static constexpr int kTileRing = 4;  /* entries of the rings of published tiles: tile k in entry k % 4 */
     static_assert((kTileRing & (kTileRing - 1)) == 0, "the ring is indexed by a mask");
-    static constexpr int kQFull = 0;                       /* per consumer warpgroup: its Q tile loaded */
-    static constexpr int kQEmpty = kQFull + 8 * NWG;       /* ... and free again */
-    static constexpr int kKFull = kQEmpty + 8 * NWG;       /* per stage */
+    static constexpr int kQFull = 0;                 /* per consumer warpgroup: its Q tile loaded */
+    static constexpr int kQEmpty = kQFull + 8 * NWG; /* ... and free again */
+    static constexpr int kKFull = kQEmpty + 8 * NWG; /* per stage */
     static constexpr int kKEmpty = kKFull + 8 * FA3_STAGES;
     static constexpr int kVFull = kKEmpty + 8 * FA3_STAGES;
     static constexpr int kVEmpty = kVFull + 8 * FA3_STAGES;
     static constexpr int kTileFull = kVEmpty + 8 * FA3_STAGES; /* per slot of the two published tile indices */
     static constexpr int kTileEmpty = kTileFull + 16;
-    static constexpr int kVReady = kTileEmpty + 16;        /* per V stage: rows past the sequence zeroed (varlen) */
+    static constexpr int kVReady = kTileEmpty + 16;           /* per V stage: rows past the sequence zeroed (varlen) */
     static constexpr int kTileIds = kVReady + 8 * FA3_STAGES; /* int[2]: the published tile indices */
     static constexpr int kVValid = kTileIds + 8; /* int[FA3_STAGES]: rows of each V stage in the sequence */
     static constexpr int kHeadBytes = kVValid + ((4 * FA3_STAGES + 7) / 8) * 8;
@@ -240,12 +246,12 @@ struct fa3_cfg {
     typedef fa3_bar_layout<NWG> Bars;
     static constexpr int kGeoBytes = Bars::kGeoBytes;
     static constexpr int kTileRing = Bars::kTileRing;
-    static constexpr int kBlockM   = 64 * NWG;
-    static constexpr int kThreads  = 128 * (NWG + 1);
-    static constexpr int kQBytes   = 64 * D * 2; /* one consumer warpgroup's Q (and O) tile */
-    static constexpr int kKVBytes  = BN * D * 2; /* one K or V stage */
-    static constexpr int kQSlab    = 64 * 128;   /* bytes between the 64-column slabs of a Q tile */
-    static constexpr int kKVSlab   = BN * 128;
+    static constexpr int kBlockM = 64 * NWG;
+    static constexpr int kThreads = 128 * (NWG + 1);
+    static constexpr int kQBytes = 64 * D * 2;  /* one consumer warpgroup's Q (and O) tile */
+    static constexpr int kKVBytes = BN * D * 2; /* one K or V stage */
+    static constexpr int kQSlab = 64 * 128;     /* bytes between the 64-column slabs of a Q tile */
+    static constexpr int kKVSlab = BN * 128;
     static constexpr int kBarBytes = Bars::kBytes;
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
@@ -315,9 +321,24 @@ struct fa3_elem_traits<__half> {
 #ifndef FA3_TRACE
 #define FA3_TRACE 0
 #endif
-enum { FA3_EV_TILE = 1, FA3_EV_Q, FA3_EV_TURN_REQ, FA3_EV_TURN, FA3_EV_ARRIVE, FA3_EV_QK_DONE, FA3_EV_PV_DONE,
-       FA3_EV_EPI, FA3_EV_EPI_END, FA3_EV_PTILE, FA3_EV_KLOAD, FA3_EV_VLOAD, FA3_EV_QLOAD,
-       FA3_EV_SLOT_WAIT, FA3_EV_SLOT, FA3_EV_INDEX };
+enum {
+    FA3_EV_TILE = 1,
+    FA3_EV_Q,
+    FA3_EV_TURN_REQ,
+    FA3_EV_TURN,
+    FA3_EV_ARRIVE,
+    FA3_EV_QK_DONE,
+    FA3_EV_PV_DONE,
+    FA3_EV_EPI,
+    FA3_EV_EPI_END,
+    FA3_EV_PTILE,
+    FA3_EV_KLOAD,
+    FA3_EV_VLOAD,
+    FA3_EV_QLOAD,
+    FA3_EV_SLOT_WAIT,
+    FA3_EV_SLOT,
+    FA3_EV_INDEX
+};
 #define FA3_TRACE_CAP 8192 /* events per warpgroup */
 #if FA3_TRACE
 #include <stdio.h>
@@ -440,10 +461,10 @@ struct fa3_sched {
      * dims 64 and 128; one pointer for the counter and the tag (a struct) lost 0.8% at head dim 64 causal 1k
      * through the consumers' register allocation. */
     static __device__ __forceinline__ void counter_reset(const fa3_args &a) {
-    #if FA_SM90A
+#if FA_SM90A
         asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
         asm volatile("st.release.gpu.global.b64 [%0], %1;" ::"l"(a.counter_tag), "l"(a.launch_tag) : "memory");
-    #endif
+#endif
     }
 
     /* Every CTA claims until a claim fails, so a launch makes exactly num_tiles claims. The one that returns
@@ -451,19 +472,19 @@ struct fa3_sched {
      * replays a launch with the same tag on the same workspace; without this, the next replay's CTAs would see
      * the tag already published and could claim from the old count before CTA 0 resets it. */
     static __device__ __forceinline__ void counter_retire(const fa3_args &a) {
-    #if FA_SM90A
+#if FA_SM90A
         asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(a.tile_counter) : "memory");
         asm volatile("st.relaxed.gpu.global.b64 [%0], 0;" ::"l"(a.counter_tag) : "memory");
-    #endif
+#endif
     }
 
     static __device__ __forceinline__ void counter_wait(const fa3_args &a) {
-    #if FA_SM90A
+#if FA_SM90A
         unsigned long long tag;
         do {
             asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(tag) : "l"(a.counter_tag) : "memory");
         } while (tag != a.launch_tag);
-    #endif
+#endif
     }
 
     /* The tile that the producer's claim number `claim` stands for: the same, or (head-major order, reverse_m, set
@@ -563,7 +584,8 @@ struct fa3_qop {
  * (row + 8, 2 quad), (row, 8 + 2 quad), (row + 8, 8 + 2 quad), row = 16 warp + lane / 4 (the layout of P). */
 static __device__ __forceinline__ uint32_t fa3_q_pair(uint32_t s_q, int warp, int lane, int kk, int x) {
     const int r = 16 * warp + lane / 4 + 8 * (x & 1), col = 16 * kk + 8 * (x >> 1);
-    const uint32_t addr = s_q + (col / 64) * (64 * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+    const uint32_t addr =
+        s_q + (col / 64) * (64 * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
     uint32_t v;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
     return v;
@@ -631,8 +653,8 @@ static __device__ __forceinline__ void fa3_pv_done(float (&o)[D / 2], uint32_t (
  * lie inside the sequence (the others read the last one: the mask drops them). One column group at a time: the
  * least registers beside S and O (with all of Q's fragments loaded at once the kernel spilled in its hot loop). */
 template <int D, int BN, bool BF16, bool QRS>
-static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q,
-                                                      const uint16_t *k, int64_t stride_seq, int valid, int lane) {
+static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, const uint16_t *k,
+                                                      int64_t stride_seq, int valid, int lane) {
     static_assert(!QRS, "Q from its shared tile (held until the tile's last Q K^T)");
     const int warp = (threadIdx.x % 128) / 32, g = lane / 4, t = lane % 4;
     const uint32_t s_q = (uint32_t)(q.desc & 0x3fff) << 4;
@@ -640,7 +662,7 @@ static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const 
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c) {
         const uint32_t *row = (const uint32_t *)(k + min(8 * c + g, valid - 1) * stride_seq);
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float d[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 #pragma unroll 1
         for (int kk = 0; kk < D / 16; ++kk) {
             uint32_t qa[4];
@@ -668,8 +690,8 @@ static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const 
  * its bit: one bit test (or, R2P, a seventh of one) and a select per element, where comparing each column with
  * both edges took two compares and a select. */
 template <int BN, bool R2P>
-static __device__ __forceinline__ void fa3_mask(float (&s)[BN / 2], int n0, int row0, int quad, int len_k,
-                                                int off, int window_left, int window_right) {
+static __device__ __forceinline__ void fa3_mask(float (&s)[BN / 2], int n0, int row0, int quad, int len_k, int off,
+                                                int window_left, int window_right) {
     static_assert(BN <= 128, "one bit per element of a row in a 32-bit word");
     const long long base = (long long)n0 + 2 * quad;
 #pragma unroll
@@ -726,7 +748,7 @@ static __device__ __forceinline__ void fa3_move_max(float &mx, float &m, float &
 template <int BN>
 static __device__ __forceinline__ void fa3_exp_rows(float (&s)[BN / 2], const float (&neg_max)[2], float scale_log2,
                                                     float (&sum)[2]) {
-    float chain[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    float chain[2][2] = { { 0.0f, 0.0f }, { 0.0f, 0.0f } };
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c)
 #pragma unroll
@@ -742,8 +764,8 @@ static __device__ __forceinline__ void fa3_exp_rows(float (&s)[BN / 2], const fl
 }
 
 template <int BN, bool JOINT>
-static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
-                                                   float (&factor)[2], float scale_log2, float slack) {
+static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&factor)[2],
+                                                   float scale_log2, float slack) {
     constexpr int kChains = 4; /* independent FMNMX chains per row, joined at the end */
     float mx[2];
 #pragma unroll
@@ -796,7 +818,7 @@ constexpr float kStaleSumMax = 4096.0f;
 template <int BN>
 static __device__ __forceinline__ bool fa3_softmax_stale(float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
                                                          float scale_log2) {
-    const float neg_max[2] = {-m[0] * scale_log2, -m[1] * scale_log2};
+    const float neg_max[2] = { -m[0] * scale_log2, -m[1] * scale_log2 };
     float sum[2];
     fa3_exp_rows<BN>(s, neg_max, scale_log2, sum);
     if (!__all_sync(0xffffffffu, sum[0] <= kStaleSumMax && sum[1] <= kStaleSumMax)) return false;
@@ -866,9 +888,9 @@ static __device__ __forceinline__ void fa3_softcap_mask(float (&s)[BN / 2], cons
 }
 
 template <int BN, bool JOINT, bool GENERAL, bool R2P>
-static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
-                                                  float (&factor)[2], const fa3_args &a, const fa3_mask_info &mi,
-                                                  int n, int row0, int quad) {
+static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&factor)[2],
+                                                  const fa3_args &a, const fa3_mask_info &mi, int n, int row0,
+                                                  int quad) {
     fa3_softcap_mask<BN, GENERAL, R2P>(s, a, mi, n, row0, quad);
     const bool move = fa3_softmax<BN, JOINT>(s, m, l, factor, a.scale_log2, a.max_slack);
     fa3_pin_scores<BN>(s, factor, l);
@@ -932,7 +954,7 @@ static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], cons
         done = fa3_softmax_stale<BN>(s, m, l, a.scale_log2);
         destroyed = !done;
     }
-    float factor[2] = {1.0f, 1.0f};
+    float factor[2] = { 1.0f, 1.0f };
     if (!done) {
         /* S as computed again is raw; the intact S has had its softcap and mask (which must not be taken twice) */
         if (destroyed) {
@@ -952,8 +974,8 @@ static __device__ __forceinline__ void fa3_store_lse(const fa3_args &a, const fa
     for (int hh = 0; hh < 2; ++hh) {
         const int r = seq_row0 + 8 * hh;
         if (r < g.len_q) {
-            const int64_t idx = varlen ? (int64_t)g.h * a.total_q + g.tok_q + r
-                                       : ((int64_t)g.b * a.heads_q + g.h) * a.seqlen_q + r;
+            const int64_t idx =
+                varlen ? (int64_t)g.h * a.total_q + g.tok_q + r : ((int64_t)g.b * a.heads_q + g.h) * a.seqlen_q + r;
             a.lse[idx] = lse[hh];
         }
     }
@@ -979,8 +1001,8 @@ static __device__ __forceinline__ void fa3_o_to_smem(const float (&o)[D / 2], co
 template <int D, bool BF16>
 static __device__ __forceinline__ void fa3_o_to_global(const float (&o)[D / 2], const float (&inv)[2],
                                                        const fa3_args &a, const fa3_tile &g, int row0, int quad) {
-    uint16_t *obase = (uint16_t *)a.o + (a.cu_q != nullptr ? (int64_t)g.tok_q * a.o_stride_seq
-                                                           : (int64_t)g.b * a.o_stride_batch) +
+    uint16_t *obase = (uint16_t *)a.o +
+                      (a.cu_q != nullptr ? (int64_t)g.tok_q * a.o_stride_seq : (int64_t)g.b * a.o_stride_batch) +
                       (int64_t)g.h * a.o_stride_head + 2 * quad;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -997,9 +1019,9 @@ static __device__ __forceinline__ void fa3_o_to_global(const float (&o)[D / 2], 
 
 /* The K/V ring as a consumer warpgroup walks it. */
 struct fa3_ring {
-    uint32_t s_k, s_v; /* stage 0 of K and of V */
+    uint32_t s_k, s_v;                         /* stage 0 of K and of V */
     uint32_t k_full, k_empty, v_full, v_empty; /* v_full: where the consumers wait for V (full or ready) */
-    uint32_t krows; /* the tile's fa3_krows (three consumer warpgroups) */
+    uint32_t krows;                            /* the tile's fa3_krows (three consumer warpgroups) */
 };
 
 /* Ping-pong: a consumer warpgroup waits for its turn to issue GEMMs, and passes the turn on after issuing.
@@ -1065,7 +1087,7 @@ fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS>
     fa3_release(r.k_empty + 8 * st, lane);
     /* The three-warpgroup kernels take the softmax against the stale max. */
     constexpr bool kStale = NWG == 3;
-    float factor[2] = {1.0f, 1.0f};
+    float factor[2] = { 1.0f, 1.0f };
     bool move = false, done = true, destroyed = false;
     if constexpr (kStale) {
         done = fa3_scores_stale<BN, GENERAL, (KST < 0)>(s, m, l, a, mi, n_min + i, row0, lane % 4, destroyed);
@@ -1689,7 +1711,7 @@ static void fa3_trace_dump(const unsigned long long *trace, int grid, cudaStream
     cudaMemcpy(host, trace, n * 8, cudaMemcpyDeviceToHost);
     FILE *f = fopen(path, "wb");
     if (f != nullptr) {
-        const int hdr[2] = {grid, FA3_TRACE_CAP};
+        const int hdr[2] = { grid, FA3_TRACE_CAP };
         fwrite(hdr, sizeof hdr, 1, f);
         fwrite(host, 8, n, f);
         fclose(f);
@@ -1714,8 +1736,8 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
         return fa_fail(FA_ERR_INTERNAL, "fa3 forward: softcap, a left window or varlen in a kernel without them");
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
         fa3_fwd_kernel<D, BN, NWG, typename fa3_elem<BF16>::type, OVERLAP, PINGPONG, QRS, GENERAL>;
-    cudaError_t err = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           C::kSmemBytes);
+    cudaError_t err =
+        cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: setting the shared-memory size");
 #if FA3_TRACE
     unsigned long long *trace = fa3_trace_arm(pr->grid);

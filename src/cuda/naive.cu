@@ -22,7 +22,7 @@
 
 /* Workspace budget for the S/P matrices of one chunk of heads; at least one head always runs. */
 #define NAIVE_CHUNK_BYTES ((size_t)2 << 30)
-#define NAIVE_ALIGN 256
+#define NAIVE_ALIGN       256
 
 static size_t align_up(size_t x) {
     return (x + NAIVE_ALIGN - 1) / NAIVE_ALIGN * NAIVE_ALIGN;
@@ -37,7 +37,7 @@ static size_t align_up(size_t x) {
  * The soname is the major version of the headers this file was compiled with (cuBLAS keeps its ABI within
  * a major version). */
 #define NAIVE_STR2(x) #x
-#define NAIVE_STR(x) NAIVE_STR2(x)
+#define NAIVE_STR(x)  NAIVE_STR2(x)
 #define CUBLAS_SONAME "libcublas.so." NAIVE_STR(CUBLAS_VER_MAJOR)
 
 /* The cuBLAS functions this file calls, by their exported names (cublas_v2.h maps cublasCreate and
@@ -53,7 +53,7 @@ static struct {
     const char *(*status_name)(cublasStatus_t);
 } cublas;
 static pthread_once_t cublas_once = PTHREAD_ONCE_INIT;
-static char           cublas_error[512]; /* why loading failed; empty once loaded */
+static char cublas_error[512]; /* why loading failed; empty once loaded */
 
 static void cublas_load_once(void) {
     void *h = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
@@ -91,7 +91,7 @@ extern "C" fa_status fa_naive_cublas_load(void) {
 
 static fa_status cublas_status(cublasStatus_t s, const char *what) {
     if (s == CUBLAS_STATUS_SUCCESS) return FA_OK;
-    fa_status st = s == CUBLAS_STATUS_ALLOC_FAILED ? FA_ERR_OUT_OF_MEMORY
+    fa_status st = s == CUBLAS_STATUS_ALLOC_FAILED                                        ? FA_ERR_OUT_OF_MEMORY
                    : s == CUBLAS_STATUS_INVALID_VALUE || s == CUBLAS_STATUS_NOT_SUPPORTED ? FA_ERR_UNSUPPORTED
                                                                                           : FA_ERR_DEVICE;
     return fa_fail(st, "%s: %s (%s)", what, cublas.status_string(s), cublas.status_name(s));
@@ -102,9 +102,10 @@ static fa_status cublas_status(cublasStatus_t s, const char *what) {
 static thread_local cublasHandle_t naive_handles[NAIVE_MAX_DEVICES];
 
 static fa_status naive_handle(const fa_cuda_device *dev, cudaStream_t stream, cublasHandle_t *h) {
-    if (dev->ordinal >= NAIVE_MAX_DEVICES) return fa_fail(FA_ERR_UNSUPPORTED, "device ordinal %d >= %d", dev->ordinal, NAIVE_MAX_DEVICES);
+    if (dev->ordinal >= NAIVE_MAX_DEVICES)
+        return fa_fail(FA_ERR_UNSUPPORTED, "device ordinal %d >= %d", dev->ordinal, NAIVE_MAX_DEVICES);
     cublasHandle_t *slot = &naive_handles[dev->ordinal];
-    fa_status       st;
+    fa_status st;
     if (!*slot && (st = cublas_status(cublas.create(slot), "cublasCreate")) != FA_OK) {
         *slot = NULL;
         return st;
@@ -128,8 +129,8 @@ static fa_status gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t 
         batch > INT32_MAX)
         return fa_fail(FA_ERR_UNSUPPORTED, "naive backend: a matrix size or stride exceeds cuBLAS's int range");
     return cublas_status(cublas.gemm_strided_batched(h, ta, tb, (int)m, (int)n, (int)k, &one, A, at, (int)lda, sa, B,
-                                                    bt, (int)ldb, sb, &beta, C, ct, (int)ldc, sc, (int)batch,
-                                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                                     bt, (int)ldb, sb, &beta, C, ct, (int)ldc, sc, (int)batch,
+                                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                          "cublasGemmStridedBatchedEx");
 }
 
@@ -138,9 +139,14 @@ static fa_status gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t 
  * ------------------------------------------------------------------------------------------------------- */
 
 /* The f32 instantiations use float directly. */
-template <> struct fa_elem<float> {
-    static __device__ __forceinline__ float to_float(float x) { return x; }
-    static __device__ __forceinline__ float from_float(float x) { return x; }
+template <>
+struct fa_elem<float> {
+    static __device__ __forceinline__ float to_float(float x) {
+        return x;
+    }
+    static __device__ __forceinline__ float from_float(float x) {
+        return x;
+    }
 };
 
 /* One chunk of S/P: heads (hk0 + j) * group + r for j < nheads, rows i < len_q, keys < len_k, of batch entry b. */
@@ -149,13 +155,13 @@ typedef struct naive_rows {
     int32_t nheads, group, r, hk0, b;
     int64_t tok_q; /* first token of the sequence (varlen) */
     /* options */
-    float        scale, softcap;
-    int32_t      window_left, window_right;
+    float scale, softcap;
+    int32_t window_left, window_right;
     const float *alibi;
-    int64_t      alibi_batch_stride;
+    int64_t alibi_batch_stride;
     /* lse: dense (batch, heads_q, seqlen_q), varlen (heads_q, total_q) */
-    float  *lse;
-    int     varlen;
+    float *lse;
+    int varlen;
     int32_t heads_q, seqlen_q;
     int64_t total_q;
 } naive_rows;
@@ -174,11 +180,11 @@ static __device__ __forceinline__ bool naive_visible(const naive_rows &a, int64_
 static __device__ __forceinline__ float naive_score(const naive_rows &a, float slope, int64_t i, int64_t j, float x,
                                                     float *dscale) {
     const int64_t diag = i + a.len_k - a.len_q;
-    float         s    = x * a.scale;
-    float         ds   = a.scale;
+    float s = x * a.scale;
+    float ds = a.scale;
     if (a.softcap > 0.0f) {
         const float t = tanhf(s / a.softcap);
-        s             = a.softcap * t;
+        s = a.softcap * t;
         ds *= 1.0f - t * t;
     }
     if (a.alibi) s -= slope * fabsf((float)(diag - j));
@@ -201,19 +207,19 @@ static __device__ __forceinline__ float naive_block_reduce(float x, bool is_max,
 template <typename T>
 __global__ void naive_softmax_fwd(const float *S, T *P, naive_rows a) {
     __shared__ float red[32];
-    const int64_t    row = blockIdx.x;
-    const int        j_h = (int)(row / a.len_q);
-    const int64_t    i   = row % a.len_q;
-    const int        h   = (a.hk0 + j_h) * a.group + a.r;
-    const float      slope = a.alibi ? a.alibi[a.b * a.alibi_batch_stride + h] : 0.0f;
-    const float     *s     = S + row * a.len_k;
-    T               *p     = P + row * a.len_k;
+    const int64_t row = blockIdx.x;
+    const int j_h = (int)(row / a.len_q);
+    const int64_t i = row % a.len_q;
+    const int h = (a.hk0 + j_h) * a.group + a.r;
+    const float slope = a.alibi ? a.alibi[a.b * a.alibi_batch_stride + h] : 0.0f;
+    const float *s = S + row * a.len_k;
+    T *p = P + row * a.len_k;
 
     /* A row is empty (P = 0, LSE = -inf) when the mask leaves it no key. Otherwise a NaN score, which fmaxf
      * leaves out of the max, still reaches the sum (exp(NaN - mx)), as does +inf (inf - inf); when every visible
      * score is -inf, mx is -inf and exp(-inf - mx) is NaN: such rows come out NaN, never empty. */
     const bool seen = fa_row_sees_key(i, a.len_q, a.len_k, a.window_left, a.window_right);
-    float      mx   = -INFINITY;
+    float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < a.len_k; j += blockDim.x) mx = fmaxf(mx, naive_score(a, slope, i, j, s[j], NULL));
     mx = naive_block_reduce(mx, true, red);
     float sum = 0.0f;
@@ -237,27 +243,27 @@ template <typename T>
 __global__ void naive_softmax_bwd(const float *S, const float *dP, const float *D, int64_t d_stride, int64_t d_off,
                                   T *P, T *dS, naive_rows a) {
     const int64_t row = blockIdx.x;
-    const int     j_h = (int)(row / a.len_q);
-    const int64_t i   = row % a.len_q;
-    const int     h   = (a.hk0 + j_h) * a.group + a.r;
-    const float   slope = a.alibi ? a.alibi[a.b * a.alibi_batch_stride + h] : 0.0f;
-    const float   lse   = a.lse[naive_lse_index(a, h, i)];
-    const float   di    = D[h * d_stride + d_off + i];
+    const int j_h = (int)(row / a.len_q);
+    const int64_t i = row % a.len_q;
+    const int h = (a.hk0 + j_h) * a.group + a.r;
+    const float slope = a.alibi ? a.alibi[a.b * a.alibi_batch_stride + h] : 0.0f;
+    const float lse = a.lse[naive_lse_index(a, h, i)];
+    const float di = D[h * d_stride + d_off + i];
     for (int64_t j = threadIdx.x; j < a.len_k; j += blockDim.x) {
         const int64_t e = row * a.len_k + j;
-        float         ds;
-        const float   sc = naive_score(a, slope, i, j, S[e], &ds);
+        float ds;
+        const float sc = naive_score(a, slope, i, j, S[e], &ds);
         /* masked keys and empty rows (LSE -inf) get P = dS = 0 exactly (0 times a NaN in dP or D would be NaN) */
-        const bool    on = lse != -INFINITY && naive_visible(a, i, j);
-        const float   pv = on ? expf(sc - lse) : 0.0f;
-        P[e]             = fa_elem<T>::from_float(pv);
-        dS[e]            = fa_elem<T>::from_float(on ? pv * (dP[e] - di) * ds : 0.0f);
+        const bool on = lse != -INFINITY && naive_visible(a, i, j);
+        const float pv = on ? expf(sc - lse) : 0.0f;
+        P[e] = fa_elem<T>::from_float(pv);
+        dS[e] = fa_elem<T>::from_float(on ? pv * (dP[e] - di) * ds : 0.0f);
     }
 }
 
 /* A (rows, heads, head_dim) view of a tensor for one sequence: element (r, h, c) at base + r*row + h*head + c. */
 typedef struct naive_view {
-    void   *base;
+    void *base;
     int64_t row, head;
 } naive_view;
 
@@ -268,10 +274,10 @@ __global__ void naive_dot_do_o(naive_view dout, naive_view o, int64_t rows, int 
     const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (w >= rows * heads) return;
     const int64_t r = w / heads;
-    const int     h = (int)(w % heads);
+    const int h = (int)(w % heads);
     const T *a = (const T *)dout.base + r * dout.row + h * dout.head;
     const T *b = (const T *)o.base + r * o.row + h * o.head;
-    float    s = 0.0f;
+    float s = 0.0f;
     for (int c = threadIdx.x % 32; c < head_dim; c += 32) s += fa_elem<T>::to_float(a[c]) * fa_elem<T>::to_float(b[c]);
     s = fa_warp_sum(s);
     if (threadIdx.x % 32 == 0) D[h * d_stride + d_off + r] = s;
@@ -283,8 +289,8 @@ __global__ void naive_zero_rows(naive_view out, int64_t rows, int heads, int hea
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= rows * heads * head_dim) return;
     const int64_t r = idx / ((int64_t)heads * head_dim);
-    const int     h = (int)(idx / head_dim % heads);
-    const int     c = (int)(idx % head_dim);
+    const int h = (int)(idx / head_dim % heads);
+    const int c = (int)(idx % head_dim);
     ((T *)out.base)[r * out.row + h * out.head + c] = fa_elem<T>::from_float(0.0f);
     if (set_lse && a.lse && c == 0) a.lse[naive_lse_index(a, h, r)] = -INFINITY;
 }
@@ -295,8 +301,8 @@ __global__ void naive_convert(const float *acc, naive_view out, int64_t rows, in
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= rows * heads * head_dim) return;
     const int64_t r = idx / ((int64_t)heads * head_dim);
-    const int     h = (int)(idx / head_dim % heads);
-    const int     c = (int)(idx % head_dim);
+    const int h = (int)(idx / head_dim % heads);
+    const int c = (int)(idx % head_dim);
     ((T *)out.base)[r * out.row + h * out.head + c] = fa_elem<T>::from_float(acc[idx]);
 }
 
@@ -311,7 +317,7 @@ static size_t esize(fa_dtype t) {
 /* KV heads per chunk so that the per-head matrices of bytes_per_elem fit NAIVE_CHUNK_BYTES. */
 static int64_t chunk_heads(const fa_params *p, size_t bytes_per_elem) {
     const double per_head = (double)p->seqlen_q * (double)p->seqlen_k * (double)bytes_per_elem;
-    int64_t      n        = per_head > 0 ? (int64_t)((double)NAIVE_CHUNK_BYTES / per_head) : p->heads_kv;
+    int64_t n = per_head > 0 ? (int64_t)((double)NAIVE_CHUNK_BYTES / per_head) : p->heads_kv;
     if (n < 1) n = 1;
     if (n > p->heads_kv) n = p->heads_kv;
     return n;
@@ -319,41 +325,43 @@ static int64_t chunk_heads(const fa_params *p, size_t bytes_per_elem) {
 
 extern "C" fa_status naive_supported(const fa_params *p, const fa_cuda_device *dev, int backward) {
     (void)dev;
-    const fa_tensor *ts[] = {&p->q, &p->k, &p->v, &p->o, &p->dout, &p->dq, &p->dk, &p->dv};
-    const char      *nm[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+    const fa_tensor *ts[] = { &p->q, &p->k, &p->v, &p->o, &p->dout, &p->dq, &p->dk, &p->dv };
+    const char *nm[] = { "q", "k", "v", "o", "dout", "dq", "dk", "dv" };
     for (int i = 0; i < (backward ? 8 : 4); i++) {
         const size_t align = esize(p->dtype);
         if ((uintptr_t)ts[i]->data % align)
             return fa_fail(FA_ERR_UNSUPPORTED, "naive backend: %s.data is not aligned to its element size", nm[i]);
         if (ts[i]->stride_seq < p->head_dim)
-            return fa_fail(FA_ERR_UNSUPPORTED, "naive backend: %s.stride_seq (%lld) < head_dim (%d): cuBLAS needs row "
-                           "strides of at least one row", nm[i], (long long)ts[i]->stride_seq, p->head_dim);
+            return fa_fail(FA_ERR_UNSUPPORTED,
+                           "naive backend: %s.stride_seq (%lld) < head_dim (%d): cuBLAS needs row "
+                           "strides of at least one row",
+                           nm[i], (long long)ts[i]->stride_seq, p->head_dim);
     }
     return fa_naive_cublas_load(); /* every check, workspace query and run passes here before cuBLAS is called */
 }
 
 /* Layout of the workspace; every size a multiple of NAIVE_ALIGN. */
 typedef struct naive_ws {
-    int64_t nh;                /* kv heads per chunk */
-    size_t  s, dp, pm, ds;     /* S fp32, dP fp32, P and dS (dtype), per chunk */
-    size_t  d, dk, dv;         /* backward: D fp32 (heads_q, rows_q); dK/dV fp32 accumulators */
-    size_t  total;
+    int64_t nh;           /* kv heads per chunk */
+    size_t s, dp, pm, ds; /* S fp32, dP fp32, P and dS (dtype), per chunk */
+    size_t d, dk, dv;     /* backward: D fp32 (heads_q, rows_q); dK/dV fp32 accumulators */
+    size_t total;
 } naive_ws;
 
 static naive_ws naive_layout(const fa_params *p, int backward) {
-    naive_ws     w;
-    const size_t es    = esize(p->dtype);
+    naive_ws w;
+    const size_t es = esize(p->dtype);
     const size_t elems = (size_t)p->seqlen_q * (size_t)p->seqlen_k;
     memset(&w, 0, sizeof w);
     w.nh = chunk_heads(p, backward ? 8 + 2 * es : 4 + es);
-    w.s  = align_up(w.nh * elems * 4);
+    w.s = align_up(w.nh * elems * 4);
     w.pm = align_up(w.nh * elems * es);
     if (backward) {
         const int64_t rows_q = fa_is_varlen(p) ? p->total_q : (int64_t)p->batch * p->seqlen_q;
         const int64_t rows_k = fa_is_varlen(p) ? p->total_k : (int64_t)p->batch * p->seqlen_k;
         w.dp = align_up(w.nh * elems * 4);
         w.ds = align_up(w.nh * elems * es);
-        w.d  = align_up((size_t)p->heads_q * rows_q * 4);
+        w.d = align_up((size_t)p->heads_q * rows_q * 4);
         w.dk = w.dv = align_up((size_t)rows_k * p->heads_kv * p->head_dim * 4);
     }
     w.total = w.s + w.dp + w.pm + w.ds + w.d + w.dk + w.dv;
@@ -370,12 +378,14 @@ static fa_status host_seqlens(const fa_params *p, cudaStream_t stream, int32_t *
     *cq = *ck = NULL;
     if (!fa_is_varlen(p)) return FA_OK;
     const size_t n = (size_t)(p->batch + 1);
-    *cq            = (int32_t *)malloc(2 * n * sizeof(int32_t));
+    *cq = (int32_t *)malloc(2 * n * sizeof(int32_t));
     if (!*cq) return fa_fail(FA_ERR_OUT_OF_MEMORY, "naive backend: host copy of cu_seqlens");
-    *ck          = *cq + n;
+    *ck = *cq + n;
     fa_status st = FA_OK;
-    if ((st = fa_cuda_status(cudaMemcpyAsync(*cq, p->cu_seqlens_q, n * 4, cudaMemcpyDeviceToHost, stream), "cu_seqlens_q copy")) ||
-        (st = fa_cuda_status(cudaMemcpyAsync(*ck, p->cu_seqlens_k, n * 4, cudaMemcpyDeviceToHost, stream), "cu_seqlens_k copy")) ||
+    if ((st = fa_cuda_status(cudaMemcpyAsync(*cq, p->cu_seqlens_q, n * 4, cudaMemcpyDeviceToHost, stream),
+                             "cu_seqlens_q copy")) ||
+        (st = fa_cuda_status(cudaMemcpyAsync(*ck, p->cu_seqlens_k, n * 4, cudaMemcpyDeviceToHost, stream),
+                             "cu_seqlens_k copy")) ||
         (st = fa_cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"))) {
         free(*cq);
         *cq = *ck = NULL;
@@ -425,12 +435,12 @@ static char *at(const fa_params *p, const fa_tensor *t, int64_t b, int64_t tok, 
 template <typename T>
 static fa_status naive_fwd_typed(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
     cublasHandle_t h;
-    fa_status      st = naive_handle(dev, stream, &h);
+    fa_status st = naive_handle(dev, stream, &h);
     if (st != FA_OK) return st;
-    const naive_ws w   = naive_layout(p, 0);
-    float         *S   = (float *)workspace;
-    T             *P   = (T *)((char *)workspace + w.s);
-    const int      g   = p->heads_q / p->heads_kv, d = p->head_dim;
+    const naive_ws w = naive_layout(p, 0);
+    float *S = (float *)workspace;
+    T *P = (T *)((char *)workspace + w.s);
+    const int g = p->heads_q / p->heads_kv, d = p->head_dim;
     const cudaDataType_t dt = cuda_type(p->dtype);
     int32_t *cq, *ck;
     if ((st = host_seqlens(p, stream, &cq, &ck)) != FA_OK) return st;
@@ -441,8 +451,8 @@ static fa_status naive_fwd_typed(const fa_params *p, const fa_cuda_device *dev, 
         a.b = (int32_t)b, a.len_q = s.len_q, a.len_k = s.len_k, a.tok_q = s.tok_q;
         if (s.len_q == 0) continue;
         if (s.len_k == 0) { /* no keys: O = 0, LSE = -inf */
-            naive_view   out   = {at(p, &p->o, b, s.tok_q, 0), p->o.stride_seq, p->o.stride_head};
-            const int64_t n    = s.len_q * p->heads_q * d;
+            naive_view out = { at(p, &p->o, b, s.tok_q, 0), p->o.stride_seq, p->o.stride_head };
+            const int64_t n = s.len_q * p->heads_q * d;
             naive_zero_rows<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, s.len_q, p->heads_q, d, a, 1);
             st = fa_cuda_status(cudaGetLastError(), "naive zero-rows launch");
             continue;
@@ -462,13 +472,13 @@ static fa_status naive_fwd_typed(const fa_params *p, const fa_cuda_device *dev, 
                 if ((st = fa_cuda_status(cudaGetLastError(), "naive softmax launch")) != FA_OK) break;
                 /* O^T (d x len_q) = V^T (d x len_k) P^T (len_k x len_q) */
                 st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, d, s.len_q, s.len_k, at(p, &p->v, b, s.tok_k, hk0), dt,
-                          p->v.stride_seq, p->v.stride_head, P, dt, s.len_k, mat, 0.0f, at(p, &p->o, b, s.tok_q, hq), dt,
-                          p->o.stride_seq, g * p->o.stride_head, nh);
+                          p->v.stride_seq, p->v.stride_head, P, dt, s.len_k, mat, 0.0f, at(p, &p->o, b, s.tok_q, hq),
+                          dt, p->o.stride_seq, g * p->o.stride_head, nh);
             }
         const int64_t ne = empty_rows(p, &s);
         if (st == FA_OK && ne > 0) {
-            naive_view    out = {at(p, &p->o, b, s.tok_q, 0), p->o.stride_seq, p->o.stride_head};
-            const int64_t n   = ne * p->heads_q * d;
+            naive_view out = { at(p, &p->o, b, s.tok_q, 0), p->o.stride_seq, p->o.stride_head };
+            const int64_t n = ne * p->heads_q * d;
             naive_zero_rows<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, ne, p->heads_q, d, a, 1);
             st = fa_cuda_status(cudaGetLastError(), "naive zero-rows launch");
         }
@@ -480,43 +490,43 @@ static fa_status naive_fwd_typed(const fa_params *p, const fa_cuda_device *dev, 
 template <typename T>
 static fa_status naive_bwd_typed(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
     cublasHandle_t h;
-    fa_status      st = naive_handle(dev, stream, &h);
+    fa_status st = naive_handle(dev, stream, &h);
     if (st != FA_OK) return st;
-    const naive_ws w  = naive_layout(p, 1);
-    char          *ws = (char *)workspace;
-    float         *S  = (float *)ws;
-    float         *dP = (float *)(ws += w.s);
-    T             *P  = (T *)(ws += w.dp);
-    T             *dS = (T *)(ws += w.pm);
-    float         *D  = (float *)(ws += w.ds);
-    float         *dK = (float *)(ws += w.d);
-    float         *dV = (float *)(ws += w.dk);
-    const int      g  = p->heads_q / p->heads_kv, d = p->head_dim;
+    const naive_ws w = naive_layout(p, 1);
+    char *ws = (char *)workspace;
+    float *S = (float *)ws;
+    float *dP = (float *)(ws += w.s);
+    T *P = (T *)(ws += w.dp);
+    T *dS = (T *)(ws += w.pm);
+    float *D = (float *)(ws += w.ds);
+    float *dK = (float *)(ws += w.d);
+    float *dV = (float *)(ws += w.dk);
+    const int g = p->heads_q / p->heads_kv, d = p->head_dim;
     const cudaDataType_t dt = cuda_type(p->dtype);
-    const int      varlen   = fa_is_varlen(p);
-    const int64_t  rows_q   = varlen ? p->total_q : (int64_t)p->batch * p->seqlen_q;
-    const int64_t  acc_row  = (int64_t)p->heads_kv * d; /* dK/dV accumulators: (rows_k, heads_kv, d) */
+    const int varlen = fa_is_varlen(p);
+    const int64_t rows_q = varlen ? p->total_q : (int64_t)p->batch * p->seqlen_q;
+    const int64_t acc_row = (int64_t)p->heads_kv * d; /* dK/dV accumulators: (rows_k, heads_kv, d) */
     int32_t *cq, *ck;
     if ((st = fa_cuda_status(cudaMemsetAsync(dK, 0, 2 * w.dk, stream), "cudaMemsetAsync")) != FA_OK) return st;
     if ((st = host_seqlens(p, stream, &cq, &ck)) != FA_OK) return st;
 
     naive_rows a = rows_base(p);
     for (int64_t b = 0; b < p->batch && st == FA_OK; b++) {
-        const fa_seq  s     = seq_of(p, cq, ck, b);
+        const fa_seq s = seq_of(p, cq, ck, b);
         const int64_t d_off = varlen ? s.tok_q : b * p->seqlen_q; /* D row of (b, token 0) */
         const int64_t k_off = varlen ? s.tok_k : b * p->seqlen_k; /* accumulator row of (b, key 0) */
         a.b = (int32_t)b, a.len_q = s.len_q, a.len_k = s.len_k, a.tok_q = s.tok_q;
         if (s.len_q == 0) continue;
         if (s.len_k == 0) { /* no keys: dQ = 0 */
-            naive_view    out = {at(p, &p->dq, b, s.tok_q, 0), p->dq.stride_seq, p->dq.stride_head};
-            const int64_t n   = s.len_q * p->heads_q * d;
+            naive_view out = { at(p, &p->dq, b, s.tok_q, 0), p->dq.stride_seq, p->dq.stride_head };
+            const int64_t n = s.len_q * p->heads_q * d;
             naive_zero_rows<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, s.len_q, p->heads_q, d, a, 0);
             st = fa_cuda_status(cudaGetLastError(), "naive zero-rows launch");
             continue;
         }
         {
-            naive_view    vd = {at(p, &p->dout, b, s.tok_q, 0), p->dout.stride_seq, p->dout.stride_head};
-            naive_view    vo = {at(p, &p->o, b, s.tok_q, 0), p->o.stride_seq, p->o.stride_head};
+            naive_view vd = { at(p, &p->dout, b, s.tok_q, 0), p->dout.stride_seq, p->dout.stride_head };
+            naive_view vo = { at(p, &p->o, b, s.tok_q, 0), p->o.stride_seq, p->o.stride_head };
             const int64_t nw = s.len_q * p->heads_q;
             naive_dot_do_o<T><<<(unsigned)((nw * 32 + 255) / 256), 256, 0, stream>>>(vd, vo, s.len_q, p->heads_q, d, D,
                                                                                      rows_q, d_off);
@@ -531,16 +541,18 @@ static fa_status naive_bwd_typed(const fa_params *p, const fa_cuda_device *dev, 
                 char *v = at(p, &p->v, b, s.tok_k, hk0), *dout = at(p, &p->dout, b, s.tok_q, hq);
                 float *dk = dK + k_off * acc_row + hk0 * d, *dv = dV + k_off * acc_row + hk0 * d;
                 /* S^T = K^T-major product as in the forward; dP^T (len_k x len_q) = V (d x len_k)^T dO (d x len_q) */
-                if ((st = gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, s.len_k, s.len_q, d, k, dt, p->k.stride_seq, p->k.stride_head,
-                               q, dt, p->q.stride_seq, g * p->q.stride_head, 0.0f, S, CUDA_R_32F, s.len_k, mat, nh)) ||
-                    (st = gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, s.len_k, s.len_q, d, v, dt, p->v.stride_seq, p->v.stride_head,
-                               dout, dt, p->dout.stride_seq, g * p->dout.stride_head, 0.0f, dP, CUDA_R_32F, s.len_k,
-                               mat, nh)))
+                if ((st = gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, s.len_k, s.len_q, d, k, dt, p->k.stride_seq,
+                               p->k.stride_head, q, dt, p->q.stride_seq, g * p->q.stride_head, 0.0f, S, CUDA_R_32F,
+                               s.len_k, mat, nh)) ||
+                    (st = gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, s.len_k, s.len_q, d, v, dt, p->v.stride_seq,
+                               p->v.stride_head, dout, dt, p->dout.stride_seq, g * p->dout.stride_head, 0.0f, dP,
+                               CUDA_R_32F, s.len_k, mat, nh)))
                     break;
                 a.nheads = (int32_t)nh, a.r = r, a.hk0 = (int32_t)hk0;
                 naive_softmax_bwd<T><<<(unsigned)(nh * s.len_q), 256, 0, stream>>>(S, dP, D, rows_q, d_off, P, dS, a);
                 if ((st = fa_cuda_status(cudaGetLastError(), "naive softmax backward launch")) != FA_OK) break;
-                /* dV^T (d x len_k) += dO^T (d x len_q) P (len_q x len_k); dK^T += Q^T dS; dQ^T (d x len_q) = K^T dS^T */
+                /* dV^T (d x len_k) += dO^T (d x len_q) P (len_q x len_k); dK^T += Q^T dS; dQ^T (d x len_q) = K^T dS^T
+                 */
                 if ((st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, d, s.len_k, s.len_q, dout, dt, p->dout.stride_seq,
                                g * p->dout.stride_head, P, dt, s.len_k, mat, 1.0f, dv, CUDA_R_32F, acc_row, d, nh)) ||
                     (st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, d, s.len_k, s.len_q, q, dt, p->q.stride_seq,
@@ -552,29 +564,32 @@ static fa_status naive_bwd_typed(const fa_params *p, const fa_cuda_device *dev, 
             }
         const int64_t ne = empty_rows(p, &s);
         if (st == FA_OK && ne > 0) {
-            naive_view    out = {at(p, &p->dq, b, s.tok_q, 0), p->dq.stride_seq, p->dq.stride_head};
-            const int64_t n   = ne * p->heads_q * d;
+            naive_view out = { at(p, &p->dq, b, s.tok_q, 0), p->dq.stride_seq, p->dq.stride_head };
+            const int64_t n = ne * p->heads_q * d;
             naive_zero_rows<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(out, ne, p->heads_q, d, a, 0);
             st = fa_cuda_status(cudaGetLastError(), "naive zero-rows launch");
         }
     }
     /* dK, dV accumulators -> the outputs, over each sequence's rows */
     for (int64_t b = 0; b < p->batch && st == FA_OK; b++) {
-        const fa_seq  s  = seq_of(p, cq, ck, b);
+        const fa_seq s = seq_of(p, cq, ck, b);
         const int64_t n0 = varlen ? s.tok_k : b * p->seqlen_k;
-        const int64_t n  = s.len_k * acc_row;
+        const int64_t n = s.len_k * acc_row;
         if (n == 0) continue;
-        naive_view vk = {at(p, &p->dk, b, s.tok_k, 0), p->dk.stride_seq, p->dk.stride_head};
-        naive_view vv = {at(p, &p->dv, b, s.tok_k, 0), p->dv.stride_seq, p->dv.stride_head};
-        naive_convert<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(dK + n0 * acc_row, vk, s.len_k, p->heads_kv, d);
-        naive_convert<T><<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(dV + n0 * acc_row, vv, s.len_k, p->heads_kv, d);
+        naive_view vk = { at(p, &p->dk, b, s.tok_k, 0), p->dk.stride_seq, p->dk.stride_head };
+        naive_view vv = { at(p, &p->dv, b, s.tok_k, 0), p->dv.stride_seq, p->dv.stride_head };
+        naive_convert<T>
+            <<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(dK + n0 * acc_row, vk, s.len_k, p->heads_kv, d);
+        naive_convert<T>
+            <<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(dV + n0 * acc_row, vv, s.len_k, p->heads_kv, d);
         st = fa_cuda_status(cudaGetLastError(), "naive convert launch");
     }
     free(cq);
     return st;
 }
 
-extern "C" fa_status naive_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
+extern "C" fa_status naive_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace,
+                                   cudaStream_t stream) {
     switch (p->dtype) {
     case FA_F16: return naive_fwd_typed<__half>(p, dev, workspace, stream);
     case FA_BF16: return naive_fwd_typed<__nv_bfloat16>(p, dev, workspace, stream);
@@ -582,7 +597,8 @@ extern "C" fa_status naive_fwd_run(const fa_params *p, const fa_cuda_device *dev
     }
 }
 
-extern "C" fa_status naive_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
+extern "C" fa_status naive_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace,
+                                   cudaStream_t stream) {
     switch (p->dtype) {
     case FA_F16: return naive_bwd_typed<__half>(p, dev, workspace, stream);
     case FA_BF16: return naive_bwd_typed<__nv_bfloat16>(p, dev, workspace, stream);
@@ -606,7 +622,7 @@ static size_t naive_bwd_workspace_size(const fa_params *p, const fa_cuda_device 
     return naive_workspace_size(p, dev, 1);
 }
 
-const fa_kernel_family naive_fwd_family = {"naive forward", naive_fwd_supported, naive_fwd_workspace_size,
-                                           naive_fwd_run};
-const fa_kernel_family naive_bwd_family = {"naive backward", naive_bwd_supported, naive_bwd_workspace_size,
-                                           naive_bwd_run};
+const fa_kernel_family naive_fwd_family = { "naive forward", naive_fwd_supported, naive_fwd_workspace_size,
+                                            naive_fwd_run };
+const fa_kernel_family naive_bwd_family = { "naive backward", naive_bwd_supported, naive_bwd_workspace_size,
+                                            naive_bwd_run };

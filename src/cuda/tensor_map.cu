@@ -20,8 +20,8 @@ static void encode_lookup(void) {
     /* The versioned lookup is new in CUDA 12.5 (13.x deprecates the unversioned one); 12.4's lookup gives the
      * newest version of the symbol, which for cuTensorMapEncodeTiled is still the 12.0 one. */
 #if CUDART_VERSION >= 12050
-    encode_lookup_error = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                                           &found);
+    encode_lookup_error =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
 #else
     encode_lookup_error = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
 #endif
@@ -44,7 +44,7 @@ static struct {
     int used, next;
     map_key keys[MAP_CACHE_SIZE];
     CUtensorMap maps[MAP_CACHE_SIZE];
-} map_cache = {PTHREAD_MUTEX_INITIALIZER, 0, 0, {}, {}};
+} map_cache = { PTHREAD_MUTEX_INITIALIZER, 0, 0, {}, {} };
 
 fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, const uint64_t dims[5],
                          const uint64_t strides_bytes[4], const uint32_t box[5]) {
@@ -74,21 +74,20 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
     if (encode_tiled == NULL)
         return fa_fail(FA_ERR_DEVICE, "TMA: cuTensorMapEncodeTiled is not available from the driver (%s)",
                        cudaGetErrorString(encode_lookup_error));
-    const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-    CUresult res = encode_tiled(map, dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                                5, (void *)base, (const cuuint64_t *)dims, (const cuuint64_t *)strides_bytes,
-                                (const cuuint32_t *)box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const cuuint32_t element_strides[5] = { 1, 1, 1, 1, 1 };
+    CUresult res =
+        encode_tiled(map, dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5,
+                     (void *)base, (const cuuint64_t *)dims, (const cuuint64_t *)strides_bytes, (const cuuint32_t *)box,
+                     element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (res != CUDA_SUCCESS)
         return fa_fail(FA_ERR_DEVICE,
                        "TMA: cuTensorMapEncodeTiled failed (error %d) for dims {%llu, %llu, %llu, %llu, %llu}, "
                        "strides {%llu, %llu, %llu, %llu} bytes, box {%u, %u, %u, %u, %u}",
-                       (int)res, (unsigned long long)dims[0], (unsigned long long)dims[1],
-                       (unsigned long long)dims[2], (unsigned long long)dims[3], (unsigned long long)dims[4],
-                       (unsigned long long)strides_bytes[0], (unsigned long long)strides_bytes[1],
-                       (unsigned long long)strides_bytes[2], (unsigned long long)strides_bytes[3], box[0], box[1],
-                       box[2], box[3], box[4]);
+                       (int)res, (unsigned long long)dims[0], (unsigned long long)dims[1], (unsigned long long)dims[2],
+                       (unsigned long long)dims[3], (unsigned long long)dims[4], (unsigned long long)strides_bytes[0],
+                       (unsigned long long)strides_bytes[1], (unsigned long long)strides_bytes[2],
+                       (unsigned long long)strides_bytes[3], box[0], box[1], box[2], box[3], box[4]);
 
     pthread_mutex_lock(&map_cache.lock);
     const int slot = map_cache.used < MAP_CACHE_SIZE ? map_cache.used++ : map_cache.next;
@@ -102,11 +101,10 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
 fa_status fa3_tensor_map_rows(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int64_t rows, int heads,
                               int box_rows) {
     const int batch = fa_is_varlen(p) ? 1 : p->batch;
-    const uint64_t dims[5] = {64, (uint64_t)rows, (uint64_t)(p->head_dim / 64), (uint64_t)heads, (uint64_t)batch};
+    const uint64_t dims[5] = { 64, (uint64_t)rows, (uint64_t)(p->head_dim / 64), (uint64_t)heads, (uint64_t)batch };
     /* A dimension of extent 1 is never stepped; give it a stride TMA accepts whatever the caller passed. */
-    const uint64_t strides[4] = {(uint64_t)t->stride_seq * 2, 128,
-                                 heads > 1 ? (uint64_t)t->stride_head * 2 : 16,
-                                 batch > 1 ? (uint64_t)t->stride_batch * 2 : 16};
-    const uint32_t box[5] = {64, (uint32_t)box_rows, (uint32_t)(p->head_dim / 64), 1, 1};
+    const uint64_t strides[4] = { (uint64_t)t->stride_seq * 2, 128, heads > 1 ? (uint64_t)t->stride_head * 2 : 16,
+                                  batch > 1 ? (uint64_t)t->stride_batch * 2 : 16 };
+    const uint32_t box[5] = { 64, (uint32_t)box_rows, (uint32_t)(p->head_dim / 64), 1, 1 };
     return fa3_tensor_map(map, p->dtype, t->data, dims, strides, box);
 }

@@ -32,7 +32,7 @@ static double score_row(const fa_params *p, const fa_seq *s, int64_t b, int64_t 
     const double scale = p->softmax_scale, cap = p->softcap, slope = fa_alibi_slope(p, b, h);
     const double *qi = row_of(q, s->tok_q + i, p->heads_q, h, d);
     double max = -INFINITY;
-    *visible   = 0;
+    *visible = 0;
     for (int64_t j = 0; j < s->len_k; j++) {
         double x = scale * dot(qi, row_of(k, s->tok_k + j, p->heads_kv, hkv, d), d);
         if (cap > 0) {
@@ -55,8 +55,7 @@ static double score_row(const fa_params *p, const fa_seq *s, int64_t b, int64_t 
 /* Turns the scores of row i into probabilities in place: exactly 0 for masked keys, IEEE arithmetic for the
  * visible ones (a NaN or +inf score, or -inf everywhere, makes every probability and the result NaN).
  * Returns the logsumexp: -inf for a row that sees no key. */
-static double softmax_row(const fa_params *p, const fa_seq *s, int64_t i, double *score, double max,
-                          int64_t visible) {
+static double softmax_row(const fa_params *p, const fa_seq *s, int64_t i, double *score, double max, int64_t visible) {
     const int64_t n = s->len_k;
     if (visible == 0) {
         for (int64_t j = 0; j < n; j++) score[j] = 0.0;
@@ -96,8 +95,7 @@ static int64_t max_len_k(const fa_params *p) {
 /* The forward's rows with the caller's score buffer of max(1, max_len_k(p)) doubles: it cannot fail, so a
  * caller that has written something before (the decode call's cache) can allocate first. q, k, v are not
  * const: GCC would check at each call, and doubt, that every element of a malloc'ed input was written. */
-static void fwd_f64_rows(const fa_params *p, double *q, double *k, double *v, double *o, double *lse,
-                         double *score) {
+static void fwd_f64_rows(const fa_params *p, double *q, double *k, double *v, double *o, double *lse, double *score) {
     const int64_t d = p->head_dim;
     for (int64_t b = 0; b < p->batch; b++) {
         fa_seq s = fa_seq_packed(p, b);
@@ -105,10 +103,10 @@ static void fwd_f64_rows(const fa_params *p, double *q, double *k, double *v, do
             const int64_t hkv = h / (p->heads_q / p->heads_kv);
             for (int64_t i = 0; i < s.len_q; i++) {
                 int64_t visible;
-                double  max = score_row(p, &s, b, h, i, q, k, score, NULL, &visible);
-                double  l   = softmax_row(p, &s, i, score, max, visible);
-                double *oi  = (double *)row_of(o, s.tok_q + i, p->heads_q, h, d);
-                int     bad_v = 0;
+                double max = score_row(p, &s, b, h, i, q, k, score, NULL, &visible);
+                double l = softmax_row(p, &s, i, score, max, visible);
+                double *oi = (double *)row_of(o, s.tok_q + i, p->heads_q, h, d);
+                int bad_v = 0;
                 for (int64_t c = 0; c < d; c++) oi[c] = 0.0;
                 for (int64_t j = 0; j < s.len_k; j++) {
                     if (!fa_key_visible(i, j, s.len_q, s.len_k, p->window_left, p->window_right)) continue;
@@ -152,12 +150,12 @@ fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double
             const int64_t hkv = h / (p->heads_q / p->heads_kv);
             for (int64_t i = 0; i < s.len_q; i++) {
                 int64_t visible;
-                double  max = score_row(p, &s, b, h, i, q, k, prob, capped, &visible);
+                double max = score_row(p, &s, b, h, i, q, k, prob, capped, &visible);
                 softmax_row(p, &s, i, prob, max, visible);
                 if (visible == 0) continue; /* sees no key: zero gradients */
-                const double *qi  = row_of(q, s.tok_q + i, p->heads_q, h, d);
+                const double *qi = row_of(q, s.tok_q + i, p->heads_q, h, d);
                 const double *doi = row_of(dout, s.tok_q + i, p->heads_q, h, d);
-                double       *dqi = dq + (qi - q);
+                double *dqi = dq + (qi - q);
                 /* D_i = sum_j P_ij dP_ij with dP_ij = dO_i . V_j  (equals rowsum(dO_i * O_i)) */
                 double D = 0.0;
                 for (int64_t j = 0; j < s.len_k; j++)
@@ -166,8 +164,8 @@ fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double
                 for (int64_t j = 0; j < s.len_k; j++) {
                     if (!fa_key_visible(i, j, s.len_q, s.len_k, p->window_left, p->window_right)) continue;
                     const int64_t off = (s.tok_k + j) * p->heads_kv * d + hkv * d;
-                    double        dp  = dot(doi, v + off, d);
-                    double        ds  = prob[j] * (dp - D);
+                    double dp = dot(doi, v + off, d);
+                    double ds = prob[j] * (dp - D);
                     if (p->softcap > 0) ds *= 1.0 - capped[j] * capped[j];
                     ds *= p->softmax_scale;
                     for (int64_t c = 0; c < d; c++) {
@@ -188,10 +186,10 @@ fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double
 
 static double *gather(const fa_params *p, const fa_tensor *t, int query) {
     const int64_t heads = query ? p->heads_q : p->heads_kv, d = p->head_dim;
-    double       *out   = malloc((size_t)(tokens(p, query) * heads * d + 1) * sizeof(double));
+    double *out = malloc((size_t)(tokens(p, query) * heads * d + 1) * sizeof(double));
     if (!out) return NULL;
     for (int64_t b = 0; b < p->batch; b++) {
-        fa_seq        s = fa_seq_get(p, b), ps = fa_seq_packed(p, b);
+        fa_seq s = fa_seq_get(p, b), ps = fa_seq_packed(p, b);
         const int64_t len = query ? s.len_q : s.len_k, tok = query ? s.tok_q : s.tok_k;
         const int64_t tok0 = query ? ps.tok_q : ps.tok_k;
         for (int64_t r = 0; r < len; r++)
@@ -207,12 +205,12 @@ static double *gather(const fa_params *p, const fa_tensor *t, int query) {
 static void scatter(const fa_params *p, const fa_tensor *t, int query, const double *src) {
     const int64_t heads = query ? p->heads_q : p->heads_kv, d = p->head_dim;
     for (int64_t b = 0; b < p->batch; b++) {
-        fa_seq        s = fa_seq_get(p, b), ps = fa_seq_packed(p, b);
+        fa_seq s = fa_seq_get(p, b), ps = fa_seq_packed(p, b);
         const int64_t len = query ? s.len_q : s.len_k, tok = query ? s.tok_q : s.tok_k;
         const int64_t tok0 = query ? ps.tok_q : ps.tok_k;
         for (int64_t r = 0; r < len; r++)
             for (int64_t h = 0; h < heads; h++) {
-                int64_t       dst = fa_offset(p, t, b, tok, r, h);
+                int64_t dst = fa_offset(p, t, b, tok, r, h);
                 const double *row = src + ((tok0 + r) * heads + h) * d;
                 for (int64_t c = 0; c < d; c++) fa_store(t->data, p->dtype, dst + c, (float)row[c]);
             }
@@ -224,10 +222,10 @@ static size_t nbytes(int64_t tok, int64_t heads, int64_t d) {
 }
 
 fa_status fa_reference_fwd(const fa_params *p) {
-    fa_status st  = FA_OK;
-    double   *q   = gather(p, &p->q, 1), *k = gather(p, &p->k, 0), *v = gather(p, &p->v, 0);
-    double   *o   = malloc(nbytes(tokens(p, 1), p->heads_q, p->head_dim));
-    double   *lse = malloc(nbytes(tokens(p, 1), p->heads_q, 1));
+    fa_status st = FA_OK;
+    double *q = gather(p, &p->q, 1), *k = gather(p, &p->k, 0), *v = gather(p, &p->v, 0);
+    double *o = malloc(nbytes(tokens(p, 1), p->heads_q, p->head_dim));
+    double *lse = malloc(nbytes(tokens(p, 1), p->heads_q, 1));
     if (!q || !k || !v || !o || !lse) {
         st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
     } else {
@@ -251,11 +249,11 @@ fa_status fa_reference_fwd(const fa_params *p) {
 
 fa_status fa_reference_bwd(const fa_params *p) {
     fa_status st = FA_OK;
-    double   *q = gather(p, &p->q, 1), *k = gather(p, &p->k, 0), *v = gather(p, &p->v, 0);
-    double   *dout = gather(p, &p->dout, 1);
-    double   *dq   = malloc(nbytes(tokens(p, 1), p->heads_q, p->head_dim));
-    double   *dk   = malloc(nbytes(tokens(p, 0), p->heads_kv, p->head_dim));
-    double   *dv   = malloc(nbytes(tokens(p, 0), p->heads_kv, p->head_dim));
+    double *q = gather(p, &p->q, 1), *k = gather(p, &p->k, 0), *v = gather(p, &p->v, 0);
+    double *dout = gather(p, &p->dout, 1);
+    double *dq = malloc(nbytes(tokens(p, 1), p->heads_q, p->head_dim));
+    double *dk = malloc(nbytes(tokens(p, 0), p->heads_kv, p->head_dim));
+    double *dv = malloc(nbytes(tokens(p, 0), p->heads_kv, p->head_dim));
     if (!q || !k || !v || !dout || !dq || !dk || !dv) {
         st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
     } else {
@@ -296,10 +294,11 @@ fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv) {
     }
     /* The attention runs as a varlen batch over the gathered rows: sequence b's keys are its cache rows
      * P .. L + N - 1, packed. Everything is allocated before the cache is written. */
-    int32_t *cu_q = malloc(sizeof(int32_t) * (size_t)(p->batch + 1)), *cu_k = malloc(sizeof(int32_t) * (size_t)(p->batch + 1));
-    double  *q = malloc(nbytes(tq, hq, d)), *o = malloc(nbytes(tq, hq, d)), *lse = malloc(nbytes(tq, hq, 1));
-    double  *k = malloc(nbytes(tk, hkv, d)), *v = malloc(nbytes(tk, hkv, d)), *row = malloc(nbytes(1, 1, d));
-    double  *score = malloc(nbytes(max_k, 1, 1));
+    int32_t *cu_q = malloc(sizeof(int32_t) * (size_t)(p->batch + 1)),
+            *cu_k = malloc(sizeof(int32_t) * (size_t)(p->batch + 1));
+    double *q = malloc(nbytes(tq, hq, d)), *o = malloc(nbytes(tq, hq, d)), *lse = malloc(nbytes(tq, hq, 1));
+    double *k = malloc(nbytes(tk, hkv, d)), *v = malloc(nbytes(tk, hkv, d)), *row = malloc(nbytes(1, 1, d));
+    double *score = malloc(nbytes(max_k, 1, 1));
     fa_status st = FA_OK;
     if (!cu_q || !cu_k || !q || !o || !lse || !k || !v || !row || !score) {
         st = fa_fail(FA_ERR_OUT_OF_MEMORY, "reference: out of host memory");
@@ -313,7 +312,8 @@ fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv) {
                 const int64_t src = b * p->k.stride_batch + j * p->k.stride_seq + h * p->k.stride_head;
                 for (int64_t c = 0; c < d; c++) row[c] = fa_load(p->k.data, p->dtype, src + c);
                 if (kv->rotary_cos) rotate_f64(kv, p->dtype, r, row);
-                const int64_t dk = fa_kv_offset(kv, &kv->k_cache, b, r, h), dv = fa_kv_offset(kv, &kv->v_cache, b, r, h);
+                const int64_t dk = fa_kv_offset(kv, &kv->k_cache, b, r, h),
+                              dv = fa_kv_offset(kv, &kv->v_cache, b, r, h);
                 const int64_t sv = b * p->v.stride_batch + j * p->v.stride_seq + h * p->v.stride_head;
                 for (int64_t c = 0; c < d; c++) {
                     fa_store(kv->k_cache.data, p->dtype, dk + c, (float)row[c]);
@@ -329,7 +329,8 @@ fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv) {
         cu_k[b + 1] = (int32_t)(cu_k[b] + end - pad);
         for (int64_t r = pad; r < end; r++)
             for (int64_t h = 0; h < hkv; h++) {
-                const int64_t ok = fa_kv_offset(kv, &kv->k_cache, b, r, h), ov = fa_kv_offset(kv, &kv->v_cache, b, r, h);
+                const int64_t ok = fa_kv_offset(kv, &kv->k_cache, b, r, h),
+                              ov = fa_kv_offset(kv, &kv->v_cache, b, r, h);
                 double *kd = k + ((cu_k[b] + r - pad) * hkv + h) * d, *vd = v + ((cu_k[b] + r - pad) * hkv + h) * d;
                 for (int64_t c = 0; c < d; c++) {
                     kd[c] = fa_load(kv->k_cache.data, p->dtype, ok + c);
@@ -348,18 +349,18 @@ fa_status fa_reference_fwd_kvcache(const fa_params *p, const fa_kvcache *kv) {
             }
     }
     /* 3. attention over the packed rows; lse comes back as (heads_q, total_q) */
-    fa_params a    = *p;
+    fa_params a = *p;
     a.cu_seqlens_q = cu_q;
     a.cu_seqlens_k = cu_k;
-    a.total_q      = tq;
-    a.total_k      = tk;
-    a.seqlen_k     = (int32_t)max_k;
+    a.total_q = tq;
+    a.total_k = tk;
+    a.seqlen_k = (int32_t)max_k;
     fwd_f64_rows(&a, q, k, v, o, lse, score);
     for (int64_t b = 0; b < p->batch; b++)
         for (int64_t i = 0; i < sq; i++)
             for (int64_t h = 0; h < hq; h++) {
                 const int64_t dst = b * p->o.stride_batch + i * p->o.stride_seq + h * p->o.stride_head;
-                const double *od  = o + ((b * sq + i) * hq + h) * d;
+                const double *od = o + ((b * sq + i) * hq + h) * d;
                 for (int64_t c = 0; c < d; c++) fa_store(p->o.data, p->dtype, dst + c, (float)od[c]);
                 if (p->lse) p->lse[(b * hq + h) * sq + i] = (float)lse[h * tq + b * sq + i];
             }
