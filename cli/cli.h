@@ -35,6 +35,7 @@ typedef struct cli_options {
     float softcap, scale;
     float k_ramp; /* check/run: keys scaled up along the sequence (vf_config.k_ramp) */
     int alibi, varlen, bwd, deterministic;
+    int plan;     /* info --plan: the CUDA kernel family and choices for the problem */
     int fwd_only; /* bench --sweep: skip the backward */
     int seed_given;
     uint64_t seed;

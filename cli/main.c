@@ -21,7 +21,8 @@ static const char usage[] =
     "usage: flashattn <command> [options]\n"
     "\n"
     "commands:\n"
-    "  info    build features, backends, devices, version\n"
+    "  info    build features, backends, devices, version; with --plan, what the CUDA backend would run for\n"
+    "          the problem (kernel family, tiles, schedule, tile order, grid), forward and backward\n"
     "  run     the main job: forward and backward of a realistic problem on the best backend, timed and\n"
     "          verified against the fp64 reference on sampled rows. Default problem: batch 2, 16 heads,\n"
     "          seqlen 4096, head_dim 128, causal, bf16 on a GPU; on the CPU batch 1, 8 heads, seqlen 2048,\n"
@@ -54,6 +55,8 @@ static const char usage[] =
     "  --threads N             CPU threads (default: all)\n"
     "  --deterministic         deterministic backward (check --bwd also compares two runs bit for bit)\n"
     "  --kernel auto|fa2|fa3   CUDA kernel family\n"
+    "  --plan                  info: the CUDA plan of the problem (run's default problem unless given); without\n"
+    "                          a usable GPU, for a 132-SM compute capability 9.0 device (an H100 or H200)\n"
     "  --no-device-check       check/run: let the GPU backends trust cu_seqlens (fa_exec.check = 0); by default\n"
     "                          they check them on the device first (bench never does)\n"
     "  --layout bshd|bhsd      memory order of Q, K, V, O and their gradients: (batch, seqlen, heads, head_dim),\n"
@@ -369,6 +372,7 @@ static const option_spec option_specs[] = {
     OPT("--varlen", 'f', varlen, 1, 0),
     OPT("--bwd", 'f', bwd, 1, 0),
     OPT("--deterministic", 'f', deterministic, 1, 0),
+    OPT("--plan", 'f', plan, 1, 0),
     OPT("--fwd-only", 'f', fwd_only, 1, 0),
     OPT("--no-device-check", 'f', no_device_check, 1, 0),
     OPT("--decode", 'f', decode, 1, 0),
@@ -567,6 +571,60 @@ static int cmd_info(void) {
     return EXIT_OK;
 }
 
+/* info --plan: the CUDA backend's family and choices for the options' problem (dense, contiguous, no data:
+ * nothing runs), forward and backward. */
+static int cmd_plan(cli_options *o) {
+#ifdef FA_WITH_CUDA
+    cli_set_defaults(o, 1, 2, 16, 4096, 128, 1);
+    if (o->dtype == FA_F32) bad_usage("info --plan: the CUDA kernels take f16 or bf16%s%s", "", "");
+    fa_params p;
+    fa_status st = fa_params_init(&p, o->dtype, o->batch, o->seqlen_q, o->seqlen_k, o->heads, o->heads_kv, o->head_dim);
+    if (st != FA_OK) return cli_report_status(st, "info --plan", "");
+    fa_tensor *qo[] = { &p.q, &p.o, &p.dout, &p.dq }, *kv[] = { &p.k, &p.v, &p.dk, &p.dv };
+    for (int i = 0; i < 4; i++) {
+        qo[i]->stride_head = kv[i]->stride_head = o->head_dim;
+        qo[i]->stride_seq = (int64_t)o->heads * o->head_dim;
+        kv[i]->stride_seq = (int64_t)o->heads_kv * o->head_dim;
+        qo[i]->stride_batch = qo[i]->stride_seq * o->seqlen_q;
+        kv[i]->stride_batch = kv[i]->stride_seq * o->seqlen_k;
+    }
+    p.softmax_scale = o->scale != 0.0f ? o->scale : 1.0f / sqrtf((float)o->head_dim);
+    p.causal = o->causal == 1;
+    p.window_left = o->window_left;
+    p.window_right = p.causal ? 0 : o->window_right;
+    p.softcap = o->softcap;
+    p.deterministic = o->deterministic;
+    static const float slope = 0.5f; /* never read: the plan looks at which options are set */
+    if (o->alibi) p.alibi_slopes = &slope;
+    fa_exec x;
+    memset(&x, 0, sizeof x);
+    x.backend = FA_BACKEND_CUDA;
+    x.kernel = o->kernel;
+    x.device = -1;
+    char line[768];
+    int virtual_device = 0, rc = EXIT_OK;
+    printf("problem: %s, batch %d, heads %d/%d, seqlen %d/%d, head_dim %d%s%s%s%s\n", cli_dtype_name(o->dtype),
+           o->batch, o->heads, o->heads_kv, o->seqlen_q, o->seqlen_k, o->head_dim, p.causal ? ", causal" : "",
+           o->softcap > 0.0f ? ", softcap" : "", o->alibi ? ", alibi" : "", o->deterministic ? ", deterministic" : "");
+    for (int backward = 0; backward < 2; backward++) {
+        st = fa_cuda_plan(&p, &x, backward, line, sizeof line, &virtual_device);
+        if (backward == 0 && virtual_device)
+            printf("device:  none usable here; the plan of a 132-SM compute capability 9.0 device (H100, H200)\n");
+        if (st != FA_OK) {
+            printf("%s: not on CUDA: %s\n", backward ? "bwd" : "fwd", fa_last_error());
+            rc = cli_exit_code(st);
+            continue;
+        }
+        printf("%s:     %s\n", backward ? "bwd" : "fwd", line);
+    }
+    return rc;
+#else
+    (void)o;
+    fprintf(stderr, "flashattn: info --plan: this build has no CUDA backend\n");
+    return cli_exit_code(FA_ERR_NOT_COMPILED);
+#endif
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * run
  * ------------------------------------------------------------------------------------------------------- */
@@ -763,7 +821,7 @@ int main(int argc, char **argv) {
     parse_options(&o, argc, argv);
     o.command = argv[1];
     if (o.varlen && o.sweep) bad_usage("%s: --varlen does not combine with --sweep%s", "bench", "");
-    if (!strcmp(argv[1], "info")) return cmd_info();
+    if (!strcmp(argv[1], "info")) return o.plan ? cmd_plan(&o) : cmd_info();
     if (!strcmp(argv[1], "run")) return cmd_run(&o);
     if (!strcmp(argv[1], "check")) return cmd_check(&o);
     if (!strcmp(argv[1], "bench")) return o.decode ? cli_bench_decode(&o) : cli_bench(&o);

@@ -51,5 +51,26 @@ expect 0 "bench --decode, paged, next to a copy timed in the same run" "bench --
     bench $decode --page-size 16 --repeats 2 --warmup 0
 expect 2 "bench --decode takes one backend" "one backend" -- bench $decode --backend cpu,reference
 
+# info --plan: the CUDA family and choices for a problem, on a Hopper device or, without a usable GPU, on the
+# description of one (the figures below are for 132 SMs, compute capability 9.0)
+if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "$fa" info | grep -q "capability 9.0, 132 SMs"; }; then
+    plan="info --plan --batch 16 --heads 32 --seqlen 1024 --head-dim 64 --causal"
+    expect 0 "info --plan: head dim 64, causal 1k: 192-row FA3 tiles, first tiles last" \
+        "fwd: +fa3 forward: 192 x 128 tiles, 3 consumer warpgroups.*every head's first tile claimed last; 132 CTAs over 3072 tiles" -- $plan
+    expect 0 "info --plan: head dim 64, causal 1k: the FA3 backward" "bwd: +fa3 backward: a CTA per 128-key block \(8 x 32 x 16" -- $plan
+    expect 0 "info --plan: head dim 64, causal 200: 128-row tiles" "fwd: +fa3 forward: 128 x 128 tiles, 2 consumer warpgroups" -- \
+        info --plan --head-dim 64 --seqlen 200 --causal
+    expect 0 "info --plan: head dim 256: 80-key FA3 blocks, the FA2 backward" "bwd: +fa2 backward: [0-9]+-key blocks" -- \
+        info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
+    expect 0 "info --plan: head dim 256 forward tiles" "fwd: +fa3 forward: 128 x 80 tiles.*tiles head-major" -- \
+        info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
+    expect 0 "info --plan --kernel fa2" "fwd: +fa2 forward: 128 x [0-9]+ tiles" -- info --plan --kernel fa2
+    expect 0 "info --plan --deterministic: the FA2 backward's slices" "bwd: +fa2 backward.*deterministic" -- \
+        info --plan --deterministic
+    expect 2 "info --plan refuses f32" "f16 or bf16" -- info --plan --dtype f32
+else
+    echo "SKIP  info --plan: no CUDA backend, or a GPU other than a 132-SM Hopper (the expected figures are for one)"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

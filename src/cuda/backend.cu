@@ -334,6 +334,36 @@ static fa_status select_family(const fa_params *p, const fa_exec *x, const fa_cu
     return backward ? select_bwd(p, x, dev, f) : select_fwd(p, x, dev, f);
 }
 
+/* The family a call of p would run and its choices, in words (flashattn info --plan): on exec's device, or,
+ * where none can be used, on a description of an H100 / H200 (132 SMs, compute capability 9.0) with no device
+ * behind it (*virtual_device = 1). Pointers are not looked at. */
+extern "C" fa_status fa_cuda_plan(const fa_params *p, const fa_exec *x, int backward, char *buf, size_t size,
+                                  int *virtual_device) {
+    fa_cuda_device dev;
+    *virtual_device = 0;
+    if (device_get(x, &dev) != FA_OK) {
+        fa_clear_error();
+        memset(&dev, 0, sizeof dev);
+        dev.ordinal = -1;
+        dev.cc_major = 9;
+        dev.cc_minor = 0;
+        dev.sm_count = 132;
+        dev.smem_optin = 232448;
+        dev.smem_per_sm = 233472;
+        dev.smem_reserved = 1024;
+        *virtual_device = 1;
+    }
+    const fa_kernel_family *f;
+    fa_status st = select_family(p, x, &dev, backward, &f);
+    if (st != FA_OK) return st;
+    const int n = snprintf(buf, size, "%s", f->name);
+    if (f->describe && n >= 0 && (size_t)n + 2 < size) {
+        snprintf(buf + n, size - (size_t)n, ": ");
+        f->describe(p, &dev, buf + n + 2, size - (size_t)n - 2);
+    }
+    return FA_OK;
+}
+
 /* A caller's workspace need not be aligned: the sizes the caller is told include this much slack, and the
  * kernels get the workspace from its first 256-byte boundary on (the alignment cudaMalloc gives: enough for the
  * 64-bit tile-counter tag, vector accesses and cuBLAS). */

@@ -13,6 +13,7 @@
  * opt-in limit per block. Testing knob: FLASHATTN_SMEM_LIMIT=<bytes> caps the limit the selection assumes, so
  * that the configurations of GPUs with less shared memory run (and can be checked) on this one.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "fa2_bwd.cuh"
@@ -189,4 +190,16 @@ fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *works
     }
 }
 
-const fa_kernel_family fa2_bwd_family = { "fa2 backward", fa2_bwd_supported, fa2_bwd_workspace_size, fa2_bwd_run };
+static void fa2_bwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size) {
+    const int i = bwd_tile(p->head_dim, dev);
+    if (i < 0) {
+        snprintf(buf, size, "no tile fits");
+        return;
+    }
+    const fa2_bwd_tile t = fa2_bwd_tiles[i];
+    snprintf(buf, size, "%d-key blocks, %d-query steps, %d x %d warps (row %d of fa2_bwd_tiles)%s", 16 * t.kr * t.wk,
+             t.bm, t.wk, t.wd, i, p->deterministic ? ", dQ in per-split slices (deterministic)" : "");
+}
+
+const fa_kernel_family fa2_bwd_family = { "fa2 backward", fa2_bwd_supported, fa2_bwd_workspace_size, fa2_bwd_run,
+                                          fa2_bwd_describe };

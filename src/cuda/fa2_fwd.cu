@@ -10,6 +10,7 @@
  * checked) on a larger one.
  */
 #include <math.h>
+#include <stdio.h>
 
 #include "fa2_fwd.cuh"
 #include "kernels.h"
@@ -95,7 +96,7 @@ extern "C" fa_status fa2_fwd_supported(const fa_params *p, const fa_cuda_device 
         if (ts[i]->stride_seq > INT32_MAX / 256)
             return fa_fail(FA_ERR_UNSUPPORTED, "%s.stride_seq (%lld) exceeds the FA2 kernels' limit (%d elements)",
                            nm[i], (long long)ts[i]->stride_seq, INT32_MAX / 256);
-    cudaError_t err = launch(NULL, p->dtype, tile, 0, 0);
+    cudaError_t err = fa_cuda_device_is_virtual(dev) ? cudaSuccess : launch(NULL, p->dtype, tile, 0, 0);
     if (err != cudaSuccess) {
         cudaGetLastError();
         if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction)
@@ -151,4 +152,16 @@ extern "C" fa_status fa2_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     return fa_cuda_status(launch(&a, p->dtype, tile, p->batch, stream), "FA2 forward launch");
 }
 
-const fa_kernel_family fa2_fwd_family = { "fa2 forward", fa2_fwd_supported, fa2_fwd_workspace_size, fa2_fwd_run };
+static void fa2_fwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size) {
+    const int i = fwd_tile(p->head_dim, dev);
+    if (i < 0) {
+        snprintf(buf, size, "no tile fits");
+        return;
+    }
+    const fa2_fwd_tile t = fa2_fwd_tiles[i];
+    snprintf(buf, size, "%d x %d tiles, %d warps, %d K/V stages (row %d of fa2_fwd_tiles)", t.block_m, t.block_n,
+             t.warps, t.stages, i);
+}
+
+const fa_kernel_family fa2_fwd_family = { "fa2 forward", fa2_fwd_supported, fa2_fwd_workspace_size, fa2_fwd_run,
+                                          fa2_fwd_describe };

@@ -7,6 +7,7 @@
  * Query tile per head dim: 128 rows at head dim 64 and 64 at 128, so that dQ = dS K splits into one 64 x 64
  * product per consumer warpgroup, and S^T, dP^T, dK and dV of a warpgroup's 64 keys fit its 240 registers.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "cuda/fa3_bwd.cuh"
@@ -19,7 +20,7 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
     if (dev->cc_major != 9 || dev->cc_minor != 0)
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: needs compute capability 9.0 (device %d has %d.%d)",
                        dev->ordinal, dev->cc_major, dev->cc_minor);
-    if (!fa3_has_sm90a_code())
+    if (!fa3_sm90a_available(dev))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: this library was built without sm_90a code");
     switch (p->head_dim) {
 #define FA3_BWD_CASE(D) case D:
@@ -47,6 +48,15 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
 
 extern "C" size_t fa3_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
     return fa2_bwd_workspace_size(p, dev);
+}
+
+extern "C" void fa3_bwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size) {
+    (void)dev;
+    const int block_m = fa3_bwd_block_m(p->head_dim), key_blocks = (p->seqlen_k + 127) / 128;
+    snprintf(buf, size,
+             "a CTA per 128-key block (%d x %d x %d = %d CTAs), two consumer warpgroups of 64 keys walking %d-query "
+             "steps, dQ added to an fp32 accumulator; the FA2 backward's pre- and post-pass",
+             key_blocks, p->heads_kv, p->batch, key_blocks * p->heads_kv * p->batch, block_m);
 }
 
 extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
@@ -80,4 +90,5 @@ extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, 
     }
 }
 
-const fa_kernel_family fa3_bwd_family = { "fa3 backward", fa3_bwd_supported, fa3_bwd_workspace_size, fa3_bwd_run };
+const fa_kernel_family fa3_bwd_family = { "fa3 backward", fa3_bwd_supported, fa3_bwd_workspace_size, fa3_bwd_run,
+                                          fa3_bwd_describe };

@@ -16,6 +16,7 @@
  * A build with -DFA3_TRACE=1 writes each launch's timeline to the file FLASHATTN_FA3_TRACE names
  * (dev/hopper/trace.py reads it). The measurements behind the defaults are in docs/worklog.md.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,6 +37,22 @@ int fa3_has_sm90a_code(void) {
         cached = attr.binaryVersion == 90;
     }
     return cached;
+}
+
+/* Whether the build's architecture list (FA_CUDA_ARCHS, e.g. "80 90a") holds sm_90a: the answer for a device
+ * description with no device behind it, where the runtime cannot be asked. */
+static constexpr bool archs_hold_sm90a(const char *s) {
+    for (; s[0] != '\0'; ++s)
+        if (s[0] == '9' && s[1] == '0' && s[2] == 'a') return true;
+    return false;
+}
+
+extern "C" int fa3_sm90a_available(const fa_cuda_device *dev) {
+    if (dev->cc_major != 9 || dev->cc_minor != 0) return 0;
+#ifdef FA_CUDA_ARCHS
+    if (fa_cuda_device_is_virtual(dev)) return archs_hold_sm90a(FA_CUDA_ARCHS);
+#endif
+    return fa3_has_sm90a_code();
 }
 
 static int aligned16(const void *ptr) {
@@ -62,7 +79,7 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
     if (dev->cc_major != 9 || dev->cc_minor != 0)
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: needs compute capability 9.0 (device %d has %d.%d)",
                        dev->ordinal, dev->cc_major, dev->cc_minor);
-    if (!fa3_has_sm90a_code())
+    if (!fa3_sm90a_available(dev))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: this library was built without sm_90a code");
     if (p->dtype != FA_F16 && p->dtype != FA_BF16)
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: dtype must be f16 or bf16");
@@ -207,14 +224,87 @@ static fa_status make_map(CUtensorMap *map, const fa_params *p, const fa_tensor 
     return fa3_tensor_map_rows(map, p, t, rows, heads, box_rows);
 }
 
+/* The FA3 forward's choices for one problem, made in one place: fa3_fwd_run launches what the plan says and
+ * fa3_fwd_describe puts it in words (flashattn info --plan). */
+struct fa3_plan {
+    int block_m, block_n; /* query rows per tile (64 per consumer warpgroup), keys per block */
+    int window_right;     /* resolved: 0 under a causal mask */
+    int num_m_blocks;
+    int reverse_m;  /* a head's tiles from its last query block down (a right-bounded mask: the longest first) */
+    int align_end;  /* 192-row tiles end at the last query, so that a partial tile is the first, shortest one */
+    int section;    /* longest-first sections of this many (batch, head) pairs; 0: head-major */
+    int first_last; /* every head's first tile (one warpgroup's rows, one key block) is claimed last */
+    int general;    /* softcap, a left window edge or a varlen batch: the kernel that has them */
+    int num_tiles, grid;
+    int scheduler; /* 0: persistent, tiles from the atomic counter; 1: persistent, round robin; 2: a CTA per tile */
+};
+
+static fa3_plan fa3_plan_make(const fa_params *p, const fa_cuda_device *dev) {
+    fa3_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.block_m = fa3_block_m(p);
+    pl.block_n = choose_block_n(p, pl.block_m);
+    pl.window_right = p->causal ? 0 : p->window_right;
+    pl.num_m_blocks = (p->seqlen_q + pl.block_m - 1) / pl.block_m;
+    pl.reverse_m = pl.window_right >= 0;
+    /* FLASHATTN_FA3_ALIGN = start: the partial tile last, as without a mask */
+    pl.align_end = pl.block_m == 192 && pl.reverse_m && !fa3_knobs_get()->align_start;
+    pl.section = longest_first_section(p, pl.reverse_m);
+    pl.general = p->softcap > 0.0f || p->window_left >= 0 || fa_is_varlen(p);
+    /* Head-major tiles that end at the last query (192-row tiles under a causal mask, up to 1k queries) and
+     * whose first tile holds one warpgroup's rows (3k + 1 groups of 64): those first tiles, a single key block
+     * under a causal mask, are claimed after all the others (fa3_sched::claim_order), so that they fill the end
+     * of the grid: its last wave no longer waits on the last heads' long tiles. */
+    const int idle_first = (pl.num_m_blocks * pl.block_m - p->seqlen_q) / 64; /* warpgroups, as tile_get's shift */
+    pl.first_last =
+        pl.align_end && pl.section == 0 && !fa_is_varlen(p) && pl.num_m_blocks > 1 && idle_first == pl.block_m / 64 - 1;
+    pl.num_tiles = pl.num_m_blocks * p->heads_q * p->batch;
+    /* The persistent grid everywhere, also for head dim 256 under a causal mask, where O is staged in the Q
+     * tiles (a persistent CTA's next Q cannot land before its epilogue is done): it is faster there too. */
+    pl.scheduler = fa3_knobs_get()->scheduler;
+    pl.grid = pl.scheduler == 2 || pl.num_tiles < dev->sm_count ? pl.num_tiles : dev->sm_count;
+    return pl;
+}
+
+/* The consumer schedule each head dim's launcher (fa3_fwd_hdim*.cu) runs in the default build. */
+static const char *schedule_words(const fa_params *p, const fa3_plan *pl) {
+    if (p->head_dim == 64 && pl->block_m == 128) return "intra-warpgroup overlap, Q K^T with Q from registers";
+    if (p->head_dim == 128) return "intra-warpgroup overlap and ping-pong, Q K^T with Q from registers";
+    return "intra-warpgroup overlap and ping-pong";
+}
+
+extern "C" void fa3_fwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size) {
+    const fa3_plan pl = fa3_plan_make(p, dev);
+    const int has_lean = (p->head_dim == 64 && pl.block_m == 192) || p->head_dim == 256;
+    static const char *const schedulers[3] = { "persistent, tiles from an atomic counter", "persistent, round robin",
+                                               "one CTA per tile" };
+    char order[160];
+    if (pl.section > 0)
+        snprintf(order, sizeof order, "longest first in sections of %d (batch, head) pairs", pl.section);
+    else
+        snprintf(order, sizeof order, "head-major");
+    snprintf(buf, size, "%d x %d tiles, %d consumer warpgroups (%s)%s; tiles %s%s%s%s; %d CTAs over %d tiles (%s)",
+             pl.block_m, pl.block_n, pl.block_m / 64, schedule_words(p, &pl),
+             !has_lean    ? ""
+             : pl.general ? ", the kernel with softcap, left window edges and varlen"
+                          : ", the kernel without softcap, left window edges or varlen",
+             order, pl.reverse_m ? ", each head from its last query block" : "",
+             pl.align_end ? ", 192-row tiles ending at the last query" : "",
+             pl.first_last ? ", every head's first tile claimed last" : "", pl.grid, pl.num_tiles,
+             schedulers[pl.scheduler >= 0 && pl.scheduler < 3 ? pl.scheduler : 0]);
+#ifdef FA_TUNING
+    const size_t n = strlen(buf);
+    if (n < size) snprintf(buf + n, size - n, " [tuning build: the FLASHATTN_FA3_* variables may change this]");
+#endif
+}
+
 extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
     fa_status st = fa3_fwd_supported(p, dev);
     if (st != FA_OK) return st;
 
-    const int window_right = p->causal ? 0 : p->window_right;
+    const fa3_plan pl = fa3_plan_make(p, dev);
     const int schedule = fa3_knobs_get()->schedule;
-    const int block_m = fa3_block_m(p);
-    const int block_n = choose_block_n(p, block_m);
+    const int block_m = pl.block_m, block_n = pl.block_n;
 
     fa3_problem pr;
     memset(&pr, 0, sizeof pr);
@@ -223,12 +313,10 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->seqlen_k = p->seqlen_k;
     a->heads_q = p->heads_q;
     a->group = p->heads_q / p->heads_kv;
-    a->num_m_blocks = (p->seqlen_q + block_m - 1) / block_m;
-    a->reverse_m = window_right >= 0;
-    /* 192-row tiles under a right-bounded mask end at the last query, so that a partial tile is the first,
-     * shortest one (FLASHATTN_FA3_ALIGN = start: the partial tile last, as without a mask). */
-    a->align_end = block_m == 192 && a->reverse_m && !fa3_knobs_get()->align_start;
-    a->section = longest_first_section(p, a->reverse_m);
+    a->num_m_blocks = pl.num_m_blocks;
+    a->reverse_m = pl.reverse_m;
+    a->align_end = pl.align_end;
+    a->section = pl.section;
     a->cu_q = p->cu_seqlens_q;
     a->cu_k = p->cu_seqlens_k;
     const float log2e = 1.4426950408889634f;
@@ -243,7 +331,7 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
      * (where the full softmax runs: the three-warpgroup kernels take most blocks against the stale max). */
     a->max_slack = fa3_knobs_get()->eager_max ? 0.0f : 8.0f / a->scale_log2;
     a->window_left = p->window_left;
-    a->window_right = window_right;
+    a->window_right = pl.window_right;
     a->lse = p->lse;
     a->total_q = p->total_q;
     a->o = p->o.data;
@@ -254,31 +342,18 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->k_stride_batch = p->k.stride_batch;
     a->k_stride_seq = p->k.stride_seq;
     a->k_stride_head = p->k.stride_head;
-    a->num_tiles = a->num_m_blocks * p->heads_q * p->batch;
+    a->num_tiles = pl.num_tiles;
     a->num_bh = p->heads_q * p->batch;
-    /* Head-major tiles that end at the last query (192-row tiles under a causal mask, up to 1k queries) and
-     * whose first tile holds one warpgroup's rows (3k + 1 groups of 64): those first tiles, a single key block
-     * under a causal mask, are claimed after all the others (fa3_sched::claim_order), so that they fill the end of the
-     * grid: its last wave no longer waits on the last heads' long tiles. */
-    /* warpgroups, as fa3_sched::tile_get's shift */
-    const int idle_first = (a->num_m_blocks * block_m - p->seqlen_q) / 64;
-    const int first_last =
-        a->align_end && a->section == 0 && !fa_is_varlen(p) && a->num_m_blocks > 1 && idle_first == block_m / 64 - 1;
-    a->first_blocks_claim = first_last ? a->num_bh * (a->num_m_blocks - 1) : a->num_tiles;
-    a->div_head_tiles = fa3_divisor_make(first_last ? a->num_m_blocks - 1 : 1 << 30);
+    a->first_blocks_claim = pl.first_last ? a->num_bh * (a->num_m_blocks - 1) : a->num_tiles;
+    a->div_head_tiles = fa3_divisor_make(pl.first_last ? a->num_m_blocks - 1 : 1 << 30);
     a->div_m_blocks = fa3_divisor_make(a->num_m_blocks);
     a->div_heads = fa3_divisor_make(p->heads_q);
     a->div_group = fa3_divisor_make(a->group);
     a->div_section = fa3_divisor_make(a->section > 0 ? a->section : 1);
     a->div_section_tiles = fa3_divisor_make(a->section > 0 ? a->section * a->num_m_blocks : 1);
     if (a->num_tiles == 0) return FA_OK;
-    pr.grid = a->num_tiles < dev->sm_count ? a->num_tiles : dev->sm_count;
-    /* The persistent grid everywhere, also for head dim 256 under a causal mask, where O is staged in the Q
-     * tiles (a persistent CTA's next Q cannot land before its epilogue is done): it is faster there too. */
-    const int scheduler = fa3_knobs_get()->scheduler;
-    if (scheduler == 2) {
-        pr.grid = a->num_tiles; /* one CTA per tile, in tile order: the hardware schedules */
-    } else if (workspace != NULL && scheduler != 1) {
+    pr.grid = pl.grid;
+    if (pl.scheduler != 2 && workspace != NULL && pl.scheduler != 1) {
         a->counter_tag = (unsigned long long *)workspace;
         a->tile_counter = (int *)((char *)workspace + sizeof(unsigned long long));
         a->launch_tag = next_launch_tag();
@@ -305,4 +380,5 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     }
 }
 
-const fa_kernel_family fa3_fwd_family = { "fa3 forward", fa3_fwd_supported, fa3_fwd_workspace_size, fa3_fwd_run };
+const fa_kernel_family fa3_fwd_family = { "fa3 forward", fa3_fwd_supported, fa3_fwd_workspace_size, fa3_fwd_run,
+                                          fa3_fwd_describe };

@@ -35,6 +35,9 @@ typedef struct fa_kernel_family {
     fa_status (*supported)(const fa_params *p, const fa_cuda_device *dev);
     size_t (*workspace_size)(const fa_params *p, const fa_cuda_device *dev);
     fa_status (*run)(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+    /* The choices run() makes for p (tiles, schedule, tile order, grid), in words, into buf; NULL where the
+     * family's name says all (flashattn info --plan). */
+    void (*describe)(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size);
 } fa_kernel_family;
 
 extern const fa_kernel_family fa2_fwd_family;   /* fa2_fwd.cu */
@@ -57,16 +60,26 @@ fa_status fa2_bwd_supported(const fa_params *p, const fa_cuda_device *dev);
 size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa2_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
 
-/* FlashAttention-3 forward (TMA, wgmma, warp specialization; sm_90a only): fa3_fwd.cu. */
+/* A device description with no device behind it (ordinal -1): what the library would choose on it. Where a
+ * family's support check would ask the CUDA runtime, it answers from the build instead. */
+static inline int fa_cuda_device_is_virtual(const fa_cuda_device *dev) {
+    return dev->ordinal < 0;
+}
+
+/* FlashAttention-3 forward (TMA, wgmma, warp specialization; sm_90a only): fa3_fwd.cu. fa3_sm90a_available:
+ * the device is compute capability 9.0 and the build holds sm_90a code for it. */
+int fa3_sm90a_available(const fa_cuda_device *dev);
 fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device *dev);
 size_t fa3_fwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+void fa3_fwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size);
 
 /* FlashAttention-3 backward (TMA, wgmma, warp specialization; sm_90a only; dense batches, head dims 64 and
  * 128): fa3_bwd.cu, with the FA2 backward's preprocess and convert kernels. */
 fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device *dev);
 size_t fa3_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev);
 fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream);
+void fa3_bwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size);
 
 /* Standard attention (S and P in device memory, cuBLAS): naive.cu. */
 fa_status naive_supported(const fa_params *p, const fa_cuda_device *dev, int backward);

@@ -623,6 +623,6 @@ static size_t naive_bwd_workspace_size(const fa_params *p, const fa_cuda_device 
 }
 
 const fa_kernel_family naive_fwd_family = { "naive forward", naive_fwd_supported, naive_fwd_workspace_size,
-                                            naive_fwd_run };
+                                            naive_fwd_run, NULL };
 const fa_kernel_family naive_bwd_family = { "naive backward", naive_bwd_supported, naive_bwd_workspace_size,
-                                            naive_bwd_run };
+                                            naive_bwd_run, NULL };
