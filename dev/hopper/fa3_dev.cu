@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(128) unit_kernel(const __grid_constant__ CUten
     for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
     fa3_qop<D, false> q;
     q.desc = hp_desc_sw128(s_q, 16, 1024);
-    fa3_issue_qk<D, BN, true, false>(s, q, hp_desc_sw128(s_k, 16, 1024));
+    fa3_issue_qk<D, BN, __nv_bfloat16, false>(s, q, hp_desc_sw128(s_k, 16, 1024));
     hp_wgmma_wait<0>();
     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
     const int r0 = 16 * warp + lane / 4;
@@ -134,10 +134,10 @@ __global__ void __launch_bounds__(128) unit_kernel(const __grid_constant__ CUten
         for (int h = 0; h < 2; ++h)
             for (int e = 0; e < 2; ++e) out_s[(r0 + 8 * h) * BN + 8 * c + 2 * quad + e] = s[4 * c + 2 * h + e];
     uint32_t p[BN / 4];
-    fa3_convert_p<BN, true>(s, p);
+    fa3_convert_p<BN, __nv_bfloat16>(s, p);
     float o[D / 2];
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-    fa3_issue_pv<D, BN, true>(o, p, hp_desc_sw128(s_v, C::kKVSlab, 1024));
+    fa3_issue_pv<D, BN, __nv_bfloat16>(o, p, hp_desc_sw128(s_v, C::kKVSlab, 1024));
     hp_wgmma_wait<0>();
     fa3_pv_done<D, BN>(o, p);
     for (int c = 0; c < D / 8; ++c)
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(128) unit_kernel(const __grid_constant__ CUten
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
             const uint32_t addr = s_q + (cc / 8) * C::kQSlab + r * 128 + (((cc % 8) ^ (r % 8)) << 4) + 4 * quad;
-            const uint32_t v = fa3_pack<true>(o[4 * cc + 2 * h], o[4 * cc + 2 * h + 1]);
+            const uint32_t v = fa3_pack<__nv_bfloat16>(o[4 * cc + 2 * h], o[4 * cc + 2 * h + 1]);
             asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
         }
     hp_fence_proxy_async();

@@ -140,7 +140,7 @@ static __device__ __forceinline__ fa3_bwd_step fa3_bwd_step_get(int t, int nmb, 
 
 /* S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 key rows: D / 16 wgmma steps each, one commit group
  * each (S^T first). */
-template <int D, int BM, bool BF16>
+template <int D, int BM, typename T>
 static __device__ __forceinline__ void fa3_bwd_issue_sdp(float (&s)[BM / 2], float (&dp)[BM / 2], uint32_t s_k,
                                                          uint32_t s_v, uint32_t s_q, uint32_t s_do) {
     constexpr int kBN = fa3_bwd_cfg<D, BM>::kBN;
@@ -150,14 +150,14 @@ static __device__ __forceinline__ void fa3_bwd_issue_sdp(float (&s)[BM / 2], flo
     const uint64_t dk = hp_desc_sw128(s_k, 16, 1024), dq = hp_desc_sw128(s_q, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        fa3_wgmma_ss<BM, BF16>(s, hp_desc_add(dk, ((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4),
-                               hp_desc_add(dq, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        fa3_wgmma_ss<BM, T>(s, hp_desc_add(dk, ((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4),
+                            hp_desc_add(dq, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4), kk > 0);
     hp_wgmma_commit();
     const uint64_t dv = hp_desc_sw128(s_v, 16, 1024), ddo = hp_desc_sw128(s_do, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        fa3_wgmma_ss<BM, BF16>(dp, hp_desc_add(dv, ((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4),
-                               hp_desc_add(ddo, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4), kk > 0);
+        fa3_wgmma_ss<BM, T>(dp, hp_desc_add(dv, ((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4),
+                            hp_desc_add(ddo, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4), kk > 0);
     hp_wgmma_commit();
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) hp_fence_reg(s[i]), hp_fence_reg(dp[i]);
@@ -223,7 +223,7 @@ static __device__ __forceinline__ void fa3_bwd_dscores(float (&dp)[BM / 2], cons
 
 /* dV += P^T dO and dK += dS^T Q: BM / 16 wgmma steps each along the queries, A from registers, dO and Q
  * MN-major; one commit group. */
-template <int D, int BM, bool BF16>
+template <int D, int BM, typename T>
 static __device__ __forceinline__ void fa3_bwd_issue_dkdv(float (&dv)[D / 2], float (&dk)[D / 2], uint32_t (&p)[BM / 4],
                                                           uint32_t (&ds)[BM / 4], uint32_t s_q, uint32_t s_do) {
 #pragma unroll
@@ -234,12 +234,12 @@ static __device__ __forceinline__ void fa3_bwd_issue_dkdv(float (&dv)[D / 2], fl
     const uint64_t ddo = hp_desc_sw128(s_do, BM * 128, 1024), dq = hp_desc_sw128(s_q, BM * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
-        fa3_wgmma_rs<D, BF16>(dv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                              hp_desc_add(ddo, (kk * 2048) >> 4), 1);
+        fa3_wgmma_rs<D, T>(dv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                           hp_desc_add(ddo, (kk * 2048) >> 4), 1);
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
-        fa3_wgmma_rs<D, BF16>(dk, ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3],
-                              hp_desc_add(dq, (kk * 2048) >> 4), 1);
+        fa3_wgmma_rs<D, T>(dk, ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3],
+                           hp_desc_add(dq, (kk * 2048) >> 4), 1);
     hp_wgmma_commit();
 }
 
@@ -259,7 +259,7 @@ static __device__ __forceinline__ void fa3_bwd_store_ds(const uint32_t (&ds)[BM 
 }
 
 /* dQ (64 x 64) = dS K over the BN keys: A = dS^T slab (MN-major), B = one 64-column slab of K (MN-major). */
-template <int BN, bool BF16>
+template <int BN, typename T>
 static __device__ __forceinline__ void fa3_bwd_issue_dq(float (&dq)[32], uint32_t s_ds_slab, uint32_t s_k_slab) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
@@ -267,17 +267,17 @@ static __device__ __forceinline__ void fa3_bwd_issue_dq(float (&dq)[32], uint32_
     const uint64_t da = hp_desc_sw128(s_ds_slab, BN * 128, 1024), db = hp_desc_sw128(s_k_slab, BN * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-        fa3_wgmma_ss_mn<64, BF16>(dq, hp_desc_add(da, (kk * 2048) >> 4), hp_desc_add(db, (kk * 2048) >> 4), kk > 0);
+        fa3_wgmma_ss_mn<64, T>(dq, hp_desc_add(da, (kk * 2048) >> 4), hp_desc_add(db, (kk * 2048) >> 4), kk > 0);
     hp_wgmma_commit();
 }
 
 /* dQ of step u: waits until both warpgroups have written that step's dS^T (buffer u % 2), then issues it. */
-template <int BN, bool BF16>
+template <int BN, typename T>
 static __device__ __forceinline__ void fa3_bwd_issue_dq_of(float (&dq)[32], uint32_t bar_ready, uint32_t s_ds,
                                                            int ds_bytes, uint32_t s_ds_part, uint32_t s_k_part, int u) {
     const int buf = fa3_pipe<2>::stage(u);
     hp_mbar_wait(bar_ready + 8 * buf, fa3_pipe<2>::phase(u));
-    fa3_bwd_issue_dq<BN, BF16>(dq, s_ds + buf * ds_bytes + s_ds_part, s_k_part);
+    fa3_bwd_issue_dq<BN, T>(dq, s_ds + buf * ds_bytes + s_ds_part, s_k_part);
 }
 
 /* Adds dQ (rows q_row0.., columns col_base..col_base + 63 of head hq) to the fp32 accumulator: per row and
@@ -305,7 +305,6 @@ template <int D, typename T>
 static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 2], const float (&dv)[D / 2],
                                                           const fa2_bwd_args &a, int b, int hk, int64_t tok_k,
                                                           int row_base, int rows_left, const fa3_bwd_frag &f) {
-    constexpr bool BF16 = fa3_elem_traits<T>::kBF16;
     T *gdk = (T *)a.dk.data, *gdv = (T *)a.dv.data;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -318,8 +317,8 @@ static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 
 #pragma unroll
         for (int c = 0; c < D / 8; ++c) {
             const int col = 8 * c + f.col0, i = 4 * c + 2 * h;
-            *reinterpret_cast<uint32_t *>(k_row + col) = fa3_pack<BF16>(dk[i] * a.scale, dk[i + 1] * a.scale);
-            *reinterpret_cast<uint32_t *>(v_row + col) = fa3_pack<BF16>(dv[i], dv[i + 1]);
+            *reinterpret_cast<uint32_t *>(k_row + col) = fa3_pack<T>(dk[i] * a.scale, dk[i + 1] * a.scale);
+            *reinterpret_cast<uint32_t *>(v_row + col) = fa3_pack<T>(dv[i], dv[i + 1]);
         }
     }
 }
@@ -337,7 +336,6 @@ __global__ void __launch_bounds__(384, 1)
 #if FA_SM90A
     typedef fa3_bwd_cfg<D, BM> C;
     constexpr int BN = C::kBN, STAGES = C::kStages;
-    constexpr bool BF16 = fa3_elem_traits<T>::kBF16;
     const fa2_bwd_args &a = args.b;
 
     uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
@@ -429,7 +427,7 @@ __global__ void __launch_bounds__(384, 1)
         const float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
 
         float s[BM / 2], dp[BM / 2];
-        fa3_bwd_issue_sdp<D, BM, BF16>(s, dp, s_k_rows, s_v_rows, q_tile, do_tile);
+        fa3_bwd_issue_sdp<D, BM, T>(s, dp, s_k_rows, s_v_rows, q_tile, do_tile);
 
         float dfac[SOFTCAP ? BM / 2 : 1];
         hp_wgmma_wait<1>();
@@ -446,9 +444,9 @@ __global__ void __launch_bounds__(384, 1)
         fa3_bwd_dscores<BM, SOFTCAP>(dp, s, dfac, dsum, f);
 
         uint32_t p16[BM / 4], ds16[BM / 4];
-        fa3_convert_p<BM, BF16>(s, p16);
-        fa3_convert_p<BM, BF16>(dp, ds16);
-        fa3_bwd_issue_dkdv<D, BM, BF16>(dv, dk, p16, ds16, q_tile, do_tile);
+        fa3_convert_p<BM, T>(s, p16);
+        fa3_convert_p<BM, T>(dp, ds16);
+        fa3_bwd_issue_dkdv<D, BM, T>(dv, dk, p16, ds16, q_tile, do_tile);
 
         /* dS^T(t) into buffer t % 2 once both warpgroups' dQ products of step t - 2 have read it */
         const int buf = fa3_pipe<2>::stage(t);
@@ -461,7 +459,7 @@ __global__ void __launch_bounds__(384, 1)
         /* dQ of the previous step, whose dS^T both warpgroups have written by now (or soon) */
         if (t > 0) {
             float dq[32];
-            fa3_bwd_issue_dq_of<BN, BF16>(dq, bars + C::kBarDSReady, s_ds, C::kDSBytes, s_ds_part, s_k_part, t - 1);
+            fa3_bwd_issue_dq_of<BN, T>(dq, bars + C::kBarDSReady, s_ds, C::kDSBytes, s_ds_part, s_k_part, t - 1);
             hp_wgmma_wait<1>(); /* dV, dK done: Q and dO may be refilled */
 #pragma unroll
             for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p16[i]), hp_fence_reg(ds16[i]);
@@ -483,7 +481,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     if (nsteps > 0) { /* the last step's dQ */
         float dq[32];
-        fa3_bwd_issue_dq_of<BN, BF16>(dq, bars + C::kBarDSReady, s_ds, C::kDSBytes, s_ds_part, s_k_part, nsteps - 1);
+        fa3_bwd_issue_dq_of<BN, T>(dq, bars + C::kBarDSReady, s_ds, C::kDSBytes, s_ds_part, s_k_part, nsteps - 1);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);

@@ -290,8 +290,9 @@ struct fa3_cfg {
     static_assert(D % 64 == 0 && BN % 16 == 0 && BN <= 256, "tile shape");
 };
 
-/* The 16-bit element type of Q, K, V and O: the kernel's template argument; the launchers pick it by a flag
- * (fa3_elem), the helpers below and the wgmma wrappers take the flag (fa3_elem_traits). */
+/* The 16-bit element type T of Q, K, V and O (__half or __nv_bfloat16): a template argument of the kernel, the
+ * helpers below and the wgmma wrappers (whose specializations name the PTX type); the launchers pick it by a
+ * flag (fa3_elem). fa3_elem_traits<T> says what the code outside the wrappers asks of it. */
 template <bool BF16>
 struct fa3_elem {
     typedef __nv_bfloat16 type;
@@ -559,10 +560,10 @@ static __device__ __forceinline__ bool fa3_wg_has_rows(const fa3_tile &g, int w)
 
 #if FA_SM90A
 
-template <bool BF16>
+template <typename T>
 static __device__ __forceinline__ uint32_t fa3_pack(float lo, float hi) {
     uint32_t r;
-    if (BF16) {
+    if (fa3_elem_traits<T>::kBF16) {
         __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
         r = *reinterpret_cast<uint32_t *>(&v);
     } else {
@@ -599,7 +600,7 @@ static __device__ __forceinline__ void fa3_load_q_frag(uint32_t (&frag)[D / 4], 
 }
 
 /* S = Q K^T for one key block: D / 16 wgmma steps along the head dim. */
-template <int D, int BN, bool BF16, bool QRS>
+template <int D, int BN, typename T, bool QRS>
 static __device__ __forceinline__ void fa3_issue_qk(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint64_t desc_k) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
@@ -609,10 +610,10 @@ static __device__ __forceinline__ void fa3_issue_qk(float (&s)[BN / 2], const fa
         const uint32_t off_q = ((kk / 4) * 64 * 128 + (kk % 4) * 32) >> 4;
         const uint32_t off_k = ((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4;
         if constexpr (QRS)
-            fa3_wgmma_rs_kmajor<BN, BF16>(s, q.frag[4 * kk], q.frag[4 * kk + 1], q.frag[4 * kk + 2], q.frag[4 * kk + 3],
-                                          hp_desc_add(desc_k, off_k), kk > 0);
+            fa3_wgmma_rs_kmajor<BN, T>(s, q.frag[4 * kk], q.frag[4 * kk + 1], q.frag[4 * kk + 2], q.frag[4 * kk + 3],
+                                       hp_desc_add(desc_k, off_k), kk > 0);
         else
-            fa3_wgmma_ss<BN, BF16>(s, q.desc + off_q, hp_desc_add(desc_k, off_k), kk > 0);
+            fa3_wgmma_ss<BN, T>(s, q.desc + off_q, hp_desc_add(desc_k, off_k), kk > 0);
     }
     hp_wgmma_commit();
 #pragma unroll
@@ -621,7 +622,7 @@ static __device__ __forceinline__ void fa3_issue_qk(float (&s)[BN / 2], const fa
 
 /* O += P V for one key block: BN / 16 wgmma steps along the keys, P from registers; N < BN: the first N keys
  * only (P is zero for the others). */
-template <int D, int BN, bool BF16, int N = BN>
+template <int D, int BN, typename T, int N = BN>
 static __device__ __forceinline__ void fa3_issue_pv(float (&o)[D / 2], uint32_t (&p)[BN / 4], uint64_t desc_v) {
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) hp_fence_reg(o[i]);
@@ -630,8 +631,8 @@ static __device__ __forceinline__ void fa3_issue_pv(float (&o)[D / 2], uint32_t 
     hp_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < N / 16; ++kk)
-        fa3_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                              hp_desc_add(desc_v, (kk * 2048) >> 4), 1);
+        fa3_wgmma_rs<D, T>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                           hp_desc_add(desc_v, (kk * 2048) >> 4), 1);
     hp_wgmma_commit();
 }
 
@@ -652,7 +653,7 @@ static __device__ __forceinline__ void fa3_pv_done(float (&o)[D / 2], uint32_t (
  * loaded), its ring stage being released before the softmax. k points at the block's first key, of which `valid`
  * lie inside the sequence (the others read the last one: the mask drops them). One column group at a time: the
  * least registers beside S and O (with all of Q's fragments loaded at once the kernel spilled in its hot loop). */
-template <int D, int BN, bool BF16, bool QRS>
+template <int D, int BN, typename T, bool QRS>
 static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, const uint16_t *k,
                                                       int64_t stride_seq, int valid, int lane) {
     static_assert(!QRS, "Q from its shared tile (held until the tile's last Q K^T)");
@@ -669,7 +670,7 @@ static __device__ __forceinline__ void fa3_mma_scores(float (&s)[BN / 2], const 
 #pragma unroll
             for (int x = 0; x < 4; ++x) qa[x] = fa3_q_pair(s_q, warp, lane, kk, x);
             const uint32_t b0 = row[8 * kk], b1 = row[8 * kk + 4];
-            if (BF16)
+            if (fa3_elem_traits<T>::kBF16)
                 asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                              "{%8, %9}, {%0, %1, %2, %3};"
                              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -833,10 +834,10 @@ static __device__ __forceinline__ void fa3_rescale(float (&o)[D / 2], const floa
     for (int i = 0; i < D / 2; ++i) o[i] *= factor[(i >> 1) & 1];
 }
 
-template <int BN, bool BF16>
+template <int BN, typename T>
 static __device__ __forceinline__ void fa3_convert_p(const float (&s)[BN / 2], uint32_t (&p)[BN / 4]) {
 #pragma unroll
-    for (int i = 0; i < BN / 4; ++i) p[i] = fa3_pack<BF16>(s[2 * i], s[2 * i + 1]);
+    for (int i = 0; i < BN / 4; ++i) p[i] = fa3_pack<T>(s[2 * i], s[2 * i + 1]);
 }
 
 static __device__ __forceinline__ void fa3_release(uint32_t bar, int lane) {
@@ -913,7 +914,7 @@ static __device__ __forceinline__ bool fa3_scores_stale(float (&s)[BN / 2], cons
 
 /* S of key block n computed again (fa3_mma_scores) from K in global memory, found through the tile's fa3_krows
  * (at shared address `krows`). */
-template <int D, int BN, bool BF16, bool QRS>
+template <int D, int BN, typename T, bool QRS>
 static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t krows,
                                                         const fa3_args &a, int n, int lane) {
     unsigned long long k;
@@ -921,8 +922,8 @@ static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], cons
     asm volatile("ld.shared.u64 %0, [%1];" : "=l"(k) : "r"(krows) : "memory");
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(len_k) : "r"(krows + 8) : "memory");
     const int key0 = n * BN;
-    fa3_mma_scores<D, BN, BF16, QRS>(s, q, (const uint16_t *)k + key0 * a.k_stride_seq, a.k_stride_seq,
-                                     min(BN, len_k - key0), lane);
+    fa3_mma_scores<D, BN, T, QRS>(s, q, (const uint16_t *)k + key0 * a.k_stride_seq, a.k_stride_seq,
+                                  min(BN, len_k - key0), lane);
 }
 
 /* The softmax of a tile's first key block n (three consumer warpgroups): against an estimate of the row max,
@@ -930,7 +931,7 @@ static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], cons
  * max (fa3_softmax_stale: each P at most 2^12). That takes three quarters of the max's FMNMX chains off the
  * path from the tile's first Q K^T to its first P V. Rows without a visible column among those, or a failed
  * check, take the full softmax (on S computed again where the check destroyed it). */
-template <int D, int BN, bool BF16, bool QRS, bool GENERAL>
+template <int D, int BN, typename T, bool QRS, bool GENERAL>
 static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t krows,
                                                         float (&m)[2], float (&l)[2], const fa3_args &a,
                                                         const fa3_mask_info &mi, int n, int row0, int lane) {
@@ -958,7 +959,7 @@ static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], cons
     if (!done) {
         /* S as computed again is raw; the intact S has had its softcap and mask (which must not be taken twice) */
         if (destroyed) {
-            fa3_scores_again<D, BN, BF16, QRS>(s, q, krows, a, n, lane);
+            fa3_scores_again<D, BN, T, QRS>(s, q, krows, a, n, lane);
             fa3_softcap_mask<BN, GENERAL, true>(s, a, mi, n, row0, quad);
         }
         m[0] = m[1] = -INFINITY;
@@ -982,7 +983,7 @@ static __device__ __forceinline__ void fa3_store_lse(const fa3_args &a, const fa
 }
 
 /* O / l in 16 bits into a swizzled [D / 64][64][64] shared tile (what the O tensor map's TMA store reads). */
-template <int D, bool BF16>
+template <int D, typename T>
 static __device__ __forceinline__ void fa3_o_to_smem(const float (&o)[D / 2], const float (&inv)[2], uint32_t s_o,
                                                      int warp, int lane) {
     const int quad = lane % 4;
@@ -992,13 +993,13 @@ static __device__ __forceinline__ void fa3_o_to_smem(const float (&o)[D / 2], co
         for (int hh = 0; hh < 2; ++hh) {
             const int r = 16 * warp + lane / 4 + 8 * hh;
             const uint32_t addr = s_o + (cc / 8) * (64 * 128) + r * 128 + (((cc % 8) ^ (r % 8)) << 4) + 4 * quad;
-            const uint32_t v = fa3_pack<BF16>(o[4 * cc + 2 * hh] * inv[hh], o[4 * cc + 2 * hh + 1] * inv[hh]);
+            const uint32_t v = fa3_pack<T>(o[4 * cc + 2 * hh] * inv[hh], o[4 * cc + 2 * hh + 1] * inv[hh]);
             asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
         }
 }
 
 /* O / l straight to global memory, rows < len_q only. */
-template <int D, bool BF16>
+template <int D, typename T>
 static __device__ __forceinline__ void fa3_o_to_global(const float (&o)[D / 2], const float (&inv)[2],
                                                        const fa3_args &a, const fa3_tile &g, int row0, int quad) {
     uint16_t *obase = (uint16_t *)a.o +
@@ -1012,7 +1013,7 @@ static __device__ __forceinline__ void fa3_o_to_global(const float (&o)[D / 2], 
 #pragma unroll
             for (int cc = 0; cc < D / 8; ++cc)
                 *(uint32_t *)(orow + 8 * cc) =
-                    fa3_pack<BF16>(o[4 * cc + 2 * hh] * inv[hh], o[4 * cc + 2 * hh + 1] * inv[hh]);
+                    fa3_pack<T>(o[4 * cc + 2 * hh] * inv[hh], o[4 * cc + 2 * hh + 1] * inv[hh]);
         }
     }
 }
@@ -1065,7 +1066,7 @@ static __device__ __forceinline__ void fa3_pp_first_turn(int c) {
  * K sits in stage KST of a two-stage ring: with the stages compile-time constants every wgmma descriptor is a
  * constant offset from the ring base, which ptxas keeps on the uniform datapath; with a run-time stage it
  * rebuilds each descriptor in vector registers and moves it over (R2UR) before each wgmma. */
-template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int KST>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL, int KST>
 static __device__ __forceinline__ void
 fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
                  float (&o)[D / 2], uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a,
@@ -1076,9 +1077,9 @@ fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS>
     const int st = KST < 0 ? fa3_pipe<FA3_STAGES>::stage(j) : KST,
               sp = KST < 0 ? fa3_pipe<FA3_STAGES>::stage(j - 1) : KST ^ 1;
     fa3_pp_sync<PINGPONG>(c); /* K(i) has landed: waited for one block earlier */
-    fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
+    fa3_issue_qk<D, BN, T, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
     hp_mbar_wait(r.v_full + 8 * sp, fa3_pipe<FA3_STAGES>::phase(j - 1));
-    fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + sp * kKV, BN * 128, 1024));
+    fa3_issue_pv<D, BN, T>(o, p, hp_desc_sw128(r.s_v + sp * kKV, BN * 128, 1024));
     fa3_pp_arrive<PINGPONG, NWG>(c, false);
     hp_wgmma_wait<1>();
 #pragma unroll
@@ -1109,17 +1110,17 @@ fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS>
         if (!done) {
             /* The rare block the stale max does not cover (or a row without a max yet): the full softmax, after
              * P V(i - 1), so that P's registers are free for computing S again (the K stage is gone by now). */
-            if (destroyed) fa3_scores_again<D, BN, BF16, QRS>(s, q, r.krows, a, n_min + i, lane);
+            if (destroyed) fa3_scores_again<D, BN, T, QRS>(s, q, r.krows, a, n_min + i, lane);
             move = fa3_scores<BN, true, GENERAL, true>(s, m, l, factor, a, mi, n_min + i, row0, lane % 4);
         }
     }
     if (move) fa3_rescale<D>(o, factor);
-    fa3_convert_p<BN, BF16>(s, p);
+    fa3_convert_p<BN, T>(s, p);
 }
 
 /* A tile's first key block in the overlapped schedule: Q K(0)^T (with three consumer warpgroups without a turn,
  * fa3_first_qk_free), its softmax (fa3_first_scores with three) and P(0), then the wait for K(1). */
-template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL>
 static __device__ __forceinline__ void
 fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
                   uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
@@ -1128,7 +1129,7 @@ fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, 
     const int st0 = fa3_pipe<FA3_STAGES>::stage(kv);
     hp_mbar_wait(r.k_full + 8 * st0, fa3_pipe<FA3_STAGES>::phase(kv));
     if (!fa3_first_qk_free(NWG)) fa3_pp_sync<PINGPONG>(c);
-    fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
+    fa3_issue_qk<D, BN, T, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
     if (!fa3_first_qk_free(NWG)) fa3_pp_arrive<PINGPONG, NWG>(c, false);
     hp_wgmma_wait<0>();
 #pragma unroll
@@ -1136,40 +1137,40 @@ fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, 
     FA3_EV(FA3_EV_QK_DONE, 0);
     fa3_release(r.k_empty + 8 * st0, lane);
     if constexpr (NWG == 3)
-        fa3_first_scores<D, BN, BF16, QRS, GENERAL>(s, q, r.krows, m, l, a, mi, n_min, row0, lane);
+        fa3_first_scores<D, BN, T, QRS, GENERAL>(s, q, r.krows, m, l, a, mi, n_min, row0, lane);
     else
         fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min, row0, lane % 4);
-    fa3_convert_p<BN, BF16>(s, p);
+    fa3_convert_p<BN, T>(s, p);
     if (nbw > 1) hp_mbar_wait(r.k_full + 8 * fa3_pipe<FA3_STAGES>::stage(kv + 1), fa3_pipe<FA3_STAGES>::phase(kv + 1));
 }
 
 /* N (1 or 2) blocks from i, neither masked nor softcapped, in steps whose ring stages are compile-time constants
  * (one copy of the code per parity of block i's stage). */
-template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL, int N>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL, int N>
 static __device__ __forceinline__ void
 fa3_overlap_fast(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
                  float (&o)[D / 2], uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a,
                  const fa3_mask_info &mi, int n_min, int row0, int lane, int c) {
     static_assert(N == 1 || N == 2, "one or two blocks");
     if (fa3_pipe<FA3_STAGES>::stage(kv + i) != 0) {
-        fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min,
-                                                                      row0, lane, c);
+        fa3_overlap_step<D, BN, NWG, T, PINGPONG, QRS, GENERAL, 1>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
+                                                                   lane, c);
         if (N == 2)
-            fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 0>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
-                                                                          n_min, row0, lane, c);
+            fa3_overlap_step<D, BN, NWG, T, PINGPONG, QRS, GENERAL, 0>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                       row0, lane, c);
     } else {
-        fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 0>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min,
-                                                                      row0, lane, c);
+        fa3_overlap_step<D, BN, NWG, T, PINGPONG, QRS, GENERAL, 0>(i, nb, kv, r, q, s, o, p, m, l, a, mi, n_min, row0,
+                                                                   lane, c);
         if (N == 2)
-            fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi,
-                                                                          n_min, row0, lane, c);
+            fa3_overlap_step<D, BN, NWG, T, PINGPONG, QRS, GENERAL, 1>(i + 1, nb, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                       row0, lane, c);
     }
 }
 
 /* Key blocks [1, nbw) of a tile in the overlapped schedule. Blocks [fast_lo, fast_hi) need neither mask nor
  * softcap: pairs of them take the steps with compile-time stages, and so does a lone one (kLoneFast; an even
  * block count leaves one after the tile's first block); the other blocks the general step. */
-template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL>
 static __device__ __forceinline__ void
 fa3_overlap_blocks(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
                    uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a, const fa3_mask_info &mi,
@@ -1180,16 +1181,16 @@ fa3_overlap_blocks(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
 #pragma unroll 1
     for (int i = 1; i < nbw;) {
         if (i >= fast_lo && i + 1 < fast_hi) {
-            fa3_overlap_fast<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
-                                                                          row0, lane, c);
+            fa3_overlap_fast<D, BN, NWG, T, PINGPONG, QRS, GENERAL, 2>(i, nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                       row0, lane, c);
             i += 2;
         } else if (kLoneFast && i >= fast_lo && i < fast_hi) {
-            fa3_overlap_fast<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
-                                                                          row0, lane, c);
+            fa3_overlap_fast<D, BN, NWG, T, PINGPONG, QRS, GENERAL, 1>(i, nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                       row0, lane, c);
             ++i;
         } else {
-            fa3_overlap_step<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m, l, a, mi,
-                                                                           n_min, row0, lane, c);
+            fa3_overlap_step<D, BN, NWG, T, PINGPONG, QRS, GENERAL, -1>(i, nbw, kv, r, q, s, o, p, m, l, a, mi, n_min,
+                                                                        row0, lane, c);
             ++i;
         }
     }
@@ -1197,7 +1198,7 @@ fa3_overlap_blocks(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q,
 
 /* The last P V of a tile (overlapped schedule). half (with HALF): no row sees the block's second half, so P is
  * zero there and the P V takes the first half of the keys only. */
-template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool HALF>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool HALF>
 static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa3_ring &r, float (&o)[D / 2],
                                                         uint32_t (&p)[BN / 4], bool half, int lane, int c) {
     const int j = kv + nb - 1;
@@ -1206,9 +1207,9 @@ static __device__ __forceinline__ void fa3_overlap_tail(int nb, int kv, const fa
     fa3_pp_sync<PINGPONG>(c);
     const uint64_t desc_v = hp_desc_sw128(r.s_v + sl * (BN * D * 2), BN * 128, 1024);
     if (HALF && half)
-        fa3_issue_pv<D, BN, BF16, HALF ? BN / 2 : BN>(o, p, desc_v);
+        fa3_issue_pv<D, BN, T, HALF ? BN / 2 : BN>(o, p, desc_v);
     else
-        fa3_issue_pv<D, BN, BF16>(o, p, desc_v);
+        fa3_issue_pv<D, BN, T>(o, p, desc_v);
     fa3_pp_arrive<PINGPONG, NWG>(c, true);
     hp_wgmma_wait<0>();
     fa3_pv_done<D, BN>(o, p);
@@ -1255,7 +1256,7 @@ static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_r
 /* A tile's key blocks in the overlapped schedule, for consumer warpgroup c: the first block, the steady state,
  * the last P V, and the blocks past the warpgroup's own rows skipped. q_empty: the warpgroup's Q tile, free once
  * every Q K^T has completed where O has tiles of its own and Q is read from shared memory. */
-template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL>
 static __device__ __forceinline__ void
 fa3_overlap_tile(int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
                  uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
@@ -1275,19 +1276,19 @@ fa3_overlap_tile(int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, fl
         if (a.window_right >= 0) nbw = max(1, min(nb, (int)((hi + BN - 1) / BN) - n_min));
         half_pv = hi - (long long)(n_min + nbw - 1) * BN <= BN / 2;
     }
-    fa3_overlap_first<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, p, m, l, factor, a, mi, n_min, row0,
-                                                                lane, c);
-    fa3_overlap_blocks<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, o, p, m, l, a, mi, n_min, row0, lane,
-                                                                 c);
+    fa3_overlap_first<D, BN, NWG, T, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, p, m, l, factor, a, mi, n_min, row0,
+                                                             lane, c);
+    fa3_overlap_blocks<D, BN, NWG, T, PINGPONG, QRS, GENERAL>(nbw, kv, r, q, s, o, p, m, l, a, mi, n_min, row0, lane,
+                                                              c);
     /* Every Q K^T of the tile has completed. */
     if (C::kSeparateO && !QRS) fa3_release(q_empty, lane);
-    fa3_overlap_tail<D, BN, NWG, BF16, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane, c);
+    fa3_overlap_tail<D, BN, NWG, T, PINGPONG, kSkipIdle>(nbw, kv, r, o, p, half_pv, lane, c);
     if constexpr (kSkipIdle) fa3_skip_blocks<NWG, PINGPONG>(nbw, nb, kv, r, lane, c);
 }
 
 /* A tile's key blocks without the overlap (the measurement schedules of a tuning build): per block Q K^T, the
  * softmax and P V, each GEMM in a turn of its own. q_empty as in fa3_overlap_tile. */
-template <int D, int BN, int NWG, bool BF16, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL>
 static __device__ __forceinline__ void
 fa3_plain_tile(int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
                uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
@@ -1301,7 +1302,7 @@ fa3_plain_tile(int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[B
         const uint32_t parity = fa3_pipe<FA3_STAGES>::phase(j);
         hp_mbar_wait(r.k_full + 8 * st, parity);
         fa3_pp_sync<PINGPONG>(c);
-        fa3_issue_qk<D, BN, BF16, QRS>(s, q, hp_desc_sw128(r.s_k + st * C::kKVBytes, 16, 1024));
+        fa3_issue_qk<D, BN, T, QRS>(s, q, hp_desc_sw128(r.s_k + st * C::kKVBytes, 16, 1024));
         fa3_pp_arrive<PINGPONG, NWG>(c, false);
         hp_wgmma_wait<0>();
 #pragma unroll
@@ -1310,10 +1311,10 @@ fa3_plain_tile(int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[B
         if (C::kSeparateO && !QRS && i == nb - 1) fa3_release(q_empty, lane);
         if (fa3_scores<BN, false, GENERAL, false>(s, m, l, factor, a, mi, n_min + i, row0, quad))
             fa3_rescale<D>(o, factor);
-        fa3_convert_p<BN, BF16>(s, p);
+        fa3_convert_p<BN, T>(s, p);
         hp_mbar_wait(r.v_full + 8 * st, parity);
         fa3_pp_sync<PINGPONG>(c);
-        fa3_issue_pv<D, BN, BF16>(o, p, hp_desc_sw128(r.s_v + st * C::kKVBytes, C::kKVSlab, 1024));
+        fa3_issue_pv<D, BN, T>(o, p, hp_desc_sw128(r.s_v + st * C::kKVBytes, C::kKVSlab, 1024));
         fa3_pp_arrive<PINGPONG, NWG>(c, i == nb - 1);
         hp_wgmma_wait<0>();
         fa3_pv_done<D, BN>(o, p);
@@ -1351,7 +1352,7 @@ static __device__ __forceinline__ void fa3_finalize(float (&o)[D / 2], float (&l
 /* A consumer warpgroup's O of a tile (times inv): through shared memory and one TMA store (rows past a dense
  * sequence's end fall outside the tensor map and are not written); directly for tiles that saw no key and
  * varlen tiles that reach past their sequence. Where O is staged in the Q tile, that tile is then released. */
-template <int D, int BN, int NWG, bool BF16>
+template <int D, int BN, int NWG, typename T>
 static __device__ __forceinline__ void fa3_store_o(const float (&o)[D / 2], const float (&inv)[2], const fa3_args &a,
                                                    const fa3_tile &g, const CUtensorMap &tm_o, uint8_t *smem, int nb,
                                                    int seq_row0, bool varlen, int c, int t, int warp, int lane) {
@@ -1365,7 +1366,7 @@ static __device__ __forceinline__ void fa3_store_o(const float (&o)[D / 2], cons
             if (t == 0) hp_tma_store_wait_read(); /* the previous tile's store has left the buffer */
             hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
         }
-        fa3_o_to_smem<D, BF16>(o, inv, s_o, warp, lane);
+        fa3_o_to_smem<D, T>(o, inv, s_o, warp, lane);
         hp_fence_proxy_async();
         hp_bar_sync(FA3_BAR_PINGPONG + NWG + c, 128);
         if (t == 0) {
@@ -1377,7 +1378,7 @@ static __device__ __forceinline__ void fa3_store_o(const float (&o)[D / 2], cons
             }
         }
     } else {
-        fa3_o_to_global<D, BF16>(o, inv, a, g, seq_row0, lane % 4);
+        fa3_o_to_global<D, T>(o, inv, a, g, seq_row0, lane % 4);
         if (!C::kSeparateO && nb > 0) fa3_release(bar_q_empty + 8 * c, lane);
     }
 }
@@ -1536,7 +1537,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                    const __grid_constant__ fa3_args a) {
 #if FA_SM90A
     typedef fa3_cfg<D, BN, NWG> C;
-    constexpr bool BF16 = fa3_elem_traits<T>::kBF16; /* what the helpers and the wgmma wrappers take */
     constexpr int BM = C::kBlockM;
     constexpr bool kSkipIdle = C::kSkipIdle, kFastDiv = C::kFastDiv;
     static_assert(!kSkipIdle || OVERLAP, "skipped tiles and blocks take the turns of the overlapped schedule");
@@ -1654,11 +1654,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
                     fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
                 }
                 if (OVERLAP)
-                    fa3_overlap_tile<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL>(
-                        nb, kv, r, q, s, o, p, m, l, factor, a, g, mi, row0, lane, c, bar_q_empty + 8 * c);
+                    fa3_overlap_tile<D, BN, NWG, T, PINGPONG, QRS, GENERAL>(nb, kv, r, q, s, o, p, m, l, factor, a, g,
+                                                                            mi, row0, lane, c, bar_q_empty + 8 * c);
                 else
-                    fa3_plain_tile<D, BN, NWG, BF16, PINGPONG, QRS, GENERAL>(kv, r, q, s, o, p, m, l, factor, a, g, mi,
-                                                                             row0, lane, c, bar_q_empty + 8 * c);
+                    fa3_plain_tile<D, BN, NWG, T, PINGPONG, QRS, GENERAL>(kv, r, q, s, o, p, m, l, factor, a, g, mi,
+                                                                          row0, lane, c, bar_q_empty + 8 * c);
             }
 
             /* The geometry again (from the ring) rather than kept in registers through the loop. */
@@ -1671,7 +1671,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             float inv[2], lse[2];
             fa3_finalize<D>(o, l, m, inv, lse, a, g, seq_row0);
             if (a.lse != nullptr && lane % 4 == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
-            fa3_store_o<D, BN, NWG, BF16>(o, inv, a, g, tm_o, smem, nb, seq_row0, varlen, c, t, warp, lane);
+            fa3_store_o<D, BN, NWG, T>(o, inv, a, g, tm_o, smem, nb, seq_row0, varlen, c, t, warp, lane);
             FA3_EV(FA3_EV_EPI_END, tile);
             if (nb > 0) {
                 kv += nb;
