@@ -217,8 +217,10 @@ typedef struct fa_exec {
     size_t workspace_bytes;
     /* 1: the device backends (CUDA, naive) check what they otherwise trust in device memory: the varlen
      * cu_seqlens_q/k (start at 0, non-decreasing, each length <= seqlen_q/k, the last <= total_q/k), by a
-     * pre-pass kernel on the stream during validation (fa_check, fa_workspace_size, fa_fwd, fa_bwd). A bad value
-     * is FA_ERR_INVALID_ARGUMENT naming the array and index, with nothing written. The call waits for the
+     * pre-pass kernel on the stream during validation (fa_check, fa_workspace_size, fa_fwd, fa_bwd); and a
+     * decode call's cache_seqlens, cache_batch_idx, cache_leftpad and block_table, copied back and checked as
+     * the host backends check theirs (fa_fwd_kvcache and its check and workspace calls). A bad value is
+     * FA_ERR_INVALID_ARGUMENT naming the array and index, with nothing written. The call waits for the
      * check's answer (a stream synchronisation), so it is slower and not CUDA-graph-safe: a stream being
      * captured is refused (FA_ERR_INVALID_ARGUMENT). 0 (the default): trusted, nothing waits. The host backends
      * always check (their arrays are host memory) and ignore it. The CLI sets it; the Python binding does with

@@ -638,10 +638,11 @@ static int kv_slot_cmp(const void *a, const void *b) {
     return x->seq < y->seq ? -1 : (x->seq > y->seq);
 }
 
-/* The per-sequence int32 arrays, on the host backends (r resolved, kv's geometry already checked). Two
- * sequences appending to the same cache slot would make the result depend on the order of the writes, so
- * every written slot is collected and sorted (batch x seqlen_new entries). */
-static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv) {
+/* The per-sequence int32 arrays in host memory (r resolved, kv's geometry already checked): the host backends'
+ * own, or a CUDA call's copied back under exec.check = 1 (host_limits = 0: the int32 limits of the host
+ * backends' gather do not apply). Two sequences appending to the same cache slot would make the result depend
+ * on the order of the writes, so every written slot is collected and sorted (batch x seqlen_new entries). */
+static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv, int host_limits) {
     const int64_t cap = fa_kv_capacity(kv), n_new = r->seqlen_k, ps = kv->page_size;
     const int64_t ld = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
     const int paged = kv->block_table != NULL;
@@ -687,13 +688,13 @@ static fa_status check_kvcache_arrays(const fa_params *r, const fa_kvcache *kv) 
     }
     /* The host backends attend the gathered rows as a varlen batch, whose prefix sums are int32. */
     int64_t total = 0;
-    for (int64_t b = 0; b < r->batch; b++) total += fa_kv_seqlen(kv, b) + n_new - fa_kv_leftpad(kv, b);
+    for (int64_t b = 0; host_limits && b < r->batch; b++) total += fa_kv_seqlen(kv, b) + n_new - fa_kv_leftpad(kv, b);
     if (total > INT32_MAX)
         return fa_fail(FA_ERR_INVALID_ARGUMENT,
                        "cache_seqlens: the batch attends %lld cache rows in all, beyond the int32 range the host "
                        "backends gather them in",
                        (long long)total);
-    if ((int64_t)r->batch * r->seqlen_q * (r->heads_q / r->heads_kv) > INT32_MAX)
+    if (host_limits && (int64_t)r->batch * r->seqlen_q * (r->heads_q / r->heads_kv) > INT32_MAX)
         return fa_fail(FA_ERR_INVALID_ARGUMENT,
                        "batch (%d) * seqlen_q (%d) * heads_q / heads_kv (%d) exceeds the "
                        "int32 range of the host backends' query rows",
@@ -843,14 +844,23 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
                                sp[j].name, sp[i].output ? sp[i].name : sp[j].name);
 
 #ifdef FA_WITH_CUDA
-    /* the device backend trusts the int32 arrays: reading them here would need a synchronising copy */
-    if (x->backend == FA_BACKEND_CUDA) return fa_cuda_check_kvcache(r, kv, x);
+    /* the device backend trusts the int32 arrays (reading them would need a synchronising copy), unless
+     * exec.check = 1 asks for that copy */
+    if (x->backend == FA_BACKEND_CUDA) {
+        if ((st = fa_cuda_check_kvcache(r, kv, x)) != FA_OK || !x->check) return st;
+        fa_kvcache h;
+        int32_t *buf;
+        if ((st = fa_cuda_kvcache_arrays_to_host(r, kv, x, &h, &buf)) != FA_OK) return st;
+        st = check_kvcache_arrays(r, &h, 0);
+        free(buf);
+        return st;
+    }
 #endif
     if (!host_backend(x->backend))
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "the naive backend has no decode (KV cache) kernel: fa_fwd_kvcache runs on FA_BACKEND_CUDA, "
                        "FA_BACKEND_CPU and FA_BACKEND_REFERENCE");
-    return check_kvcache_arrays(r, kv);
+    return check_kvcache_arrays(r, kv, 1);
 }
 
 fa_status fa_check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec) {

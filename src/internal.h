@@ -228,6 +228,10 @@ fa_status fa_cuda_bwd(const fa_params *p, const fa_exec *x);
 /* fa_fwd_kvcache on the CUDA backend (params validated and resolved by prepare_kvcache; the int32 arrays are
  * device memory, not read on the host). */
 fa_status fa_cuda_check_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x);
+/* exec.check = 1: the decode call's int32 arrays copied to the host (waiting for the stream; refused while it is
+ * captured into a CUDA graph); *h is kv pointing at them, in *buf, which the caller frees. */
+fa_status fa_cuda_kvcache_arrays_to_host(const fa_params *p, const fa_kvcache *kv, const fa_exec *x, fa_kvcache *h,
+                                         int32_t **buf);
 fa_status fa_cuda_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x, size_t *bytes);
 fa_status fa_cuda_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x);
 

@@ -3,8 +3,10 @@
  * test_device_check.c - fa_exec.check = 1 on the device backends: broken varlen prefix sums in device memory
  * (not starting at 0, decreasing, a sequence longer than seqlen_q/k, past total_q/k) are refused with
  * FA_ERR_INVALID_ARGUMENT naming the array, forward and backward, with every output byte untouched; valid
- * ones give the same bits as check = 0; a stream being captured into a CUDA graph is refused. exec.check
- * other than 0 or 1 is refused on every backend (the only case that runs without a GPU).
+ * ones give the same bits as check = 0; a stream being captured into a CUDA graph is refused. The same for a
+ * decode call (fa_fwd_kvcache) on the CUDA backend: a negative or too long cache_seqlens, a block_table entry
+ * past num_pages and two sequences appending to one page slot are refused by name, the outputs and the cache
+ * untouched. exec.check other than 0 or 1 is refused on every backend (the only case that runs without a GPU).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +177,110 @@ static void graph_capture(const target *t) {
              "%s check = 1 refused under graph capture: %s", t->name, fa_last_error());
 }
 
+/* ---- decode: a paged cache of KV_PAGES pages of 16 rows, 4 pages per sequence, one new token each ---- */
+enum { KV_PAGES = 12, KV_PAGE = 16, KV_MAXP = 4 };
+#define KV_CACHE_N ((size_t)KV_PAGES * KV_PAGE * H * D)
+static void *kv_q, *kv_o, *kv_k, *kv_v, *kv_kc, *kv_vc;
+static int32_t *kv_lens, *kv_table;
+static const int32_t good_lens[B] = { 10, 30, 0 };
+static const int32_t good_table[B * KV_MAXP] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 };
+static unsigned char kv_host_a[(B * H * D + 2 * KV_CACHE_N) * 2], kv_host_b[sizeof kv_host_a];
+
+static void kv_state(unsigned char *buf) {
+    cudaMemcpy(buf, kv_o, (size_t)B * H * D * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(buf + (size_t)B * H * D * 2, kv_kc, KV_CACHE_N * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(buf + (size_t)B * H * D * 2 + KV_CACHE_N * 2, kv_vc, KV_CACHE_N * 2, cudaMemcpyDeviceToHost);
+}
+
+static void kv_reset(const int32_t *lens, const int32_t *table) {
+    cudaMemset(kv_o, 0xff, (size_t)B * H * D * 2);
+    cudaMemcpy(kv_kc, in[0], KV_CACHE_N * 2, cudaMemcpyDeviceToDevice);
+    cudaMemcpy(kv_vc, in[1], KV_CACHE_N * 2, cudaMemcpyDeviceToDevice);
+    cudaMemcpy(kv_lens, lens, sizeof good_lens, cudaMemcpyHostToDevice);
+    cudaMemcpy(kv_table, table, sizeof good_table, cudaMemcpyHostToDevice);
+}
+
+static fa_status kv_call(int check, cudaStream_t stream) {
+    fa_params p;
+    fa_params_init(&p, FA_BF16, B, 1, 1, H, H, D);
+    p.q = fa_tensor_contiguous(kv_q, 1, H, D);
+    p.o = fa_tensor_contiguous(kv_o, 1, H, D);
+    p.k = fa_tensor_contiguous(kv_k, 1, H, D);
+    p.v = fa_tensor_contiguous(kv_v, 1, H, D);
+    fa_kvcache kv;
+    fa_kvcache_init(&kv, 0, 0);
+    kv.k_cache = fa_tensor_contiguous(kv_kc, KV_PAGE, H, D);
+    kv.v_cache = fa_tensor_contiguous(kv_vc, KV_PAGE, H, D);
+    kv.block_table = kv_table;
+    kv.max_pages = KV_MAXP;
+    kv.num_pages = KV_PAGES;
+    kv.page_size = KV_PAGE;
+    kv.cache_seqlens = kv_lens;
+    fa_exec e = { FA_BACKEND_CUDA, FA_KERNEL_AUTO, -1, 0, stream, NULL, 0, check };
+    const fa_status st = fa_fwd_kvcache(&p, &kv, &e);
+    cudaDeviceSynchronize();
+    return st;
+}
+
+static void decode_arrays(void) {
+    if (cudaMalloc(&kv_q, (size_t)B * H * D * 2) || cudaMalloc(&kv_o, (size_t)B * H * D * 2) ||
+        cudaMalloc(&kv_k, (size_t)B * H * D * 2) || cudaMalloc(&kv_v, (size_t)B * H * D * 2) ||
+        cudaMalloc(&kv_kc, KV_CACHE_N * 2) || cudaMalloc(&kv_vc, KV_CACHE_N * 2) ||
+        cudaMalloc((void **)&kv_lens, sizeof good_lens) || cudaMalloc((void **)&kv_table, sizeof good_table)) {
+        th_fail("cudaMalloc (decode)");
+        return;
+    }
+    cudaMemcpy(kv_q, in[2], (size_t)B * H * D * 2, cudaMemcpyDeviceToDevice);
+    cudaMemcpy(kv_k, in[3], (size_t)B * H * D * 2, cudaMemcpyDeviceToDevice);
+    cudaMemcpy(kv_v, (char *)in[3] + (size_t)B * H * D * 2, (size_t)B * H * D * 2, cudaMemcpyDeviceToDevice);
+    /* valid arrays: check = 1 and check = 0 write the same bits (outputs and the appended cache rows) */
+    kv_reset(good_lens, good_table);
+    const fa_status st0 = kv_call(0, NULL);
+    kv_state(kv_host_a);
+    kv_reset(good_lens, good_table);
+    const fa_status st1 = kv_call(1, NULL);
+    kv_state(kv_host_b);
+    th_check(st0 == FA_OK && st1 == FA_OK && !memcmp(kv_host_a, kv_host_b, sizeof kv_host_a),
+             "decode check = 1 and check = 0 agree bit for bit (%s)", fa_last_error());
+    /* broken ones: refused by name, nothing written */
+    static const struct {
+        const char *what, *expect;
+        int32_t lens[B], table_at, table_value;
+    } cases[] = {
+        { "a negative length", "cache_seqlens[1] (-1)", { 10, -1, 0 }, -1, 0 },
+        { "a length that leaves no room for the new token", "cache_seqlens[2] (64)", { 10, 30, 64 }, -1, 0 },
+        { "a page past num_pages", "block_table[1][1] (99)", { 10, 30, 0 }, 1 * KV_MAXP + 1, 99 },
+        { "two sequences appending to one page row", "both append to page 0, row 10", { 10, 30, 10 }, 2 * KV_MAXP, 0 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t table[B * KV_MAXP];
+        memcpy(table, good_table, sizeof table);
+        if (cases[i].table_at >= 0) table[cases[i].table_at] = cases[i].table_value;
+        kv_reset(cases[i].lens, table);
+        kv_state(kv_host_a);
+        const fa_status st = kv_call(1, NULL);
+        kv_state(kv_host_b);
+        th_check(st == FA_ERR_INVALID_ARGUMENT && strstr(fa_last_error(), cases[i].expect) &&
+                     !memcmp(kv_host_a, kv_host_b, sizeof kv_host_a),
+                 "decode check = 1 refuses %s, nothing written: %s", cases[i].what, fa_last_error());
+    }
+    /* refused on a stream being captured */
+    cudaStream_t s;
+    if (cudaStreamCreate(&s) != cudaSuccess) {
+        th_fail("cudaStreamCreate (decode)");
+        return;
+    }
+    kv_reset(good_lens, good_table);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    const fa_status st = kv_call(1, s);
+    cudaGraph_t g = NULL;
+    const cudaError_t end = cudaStreamEndCapture(s, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+    th_check(st == FA_ERR_INVALID_ARGUMENT && strstr(fa_last_error(), "exec.check") && end == cudaSuccess,
+             "decode check = 1 refused under graph capture: %s", fa_last_error());
+}
+
 static void device_cases(void) {
     for (int i = 0; i < 4; i++) {
         if (cudaMalloc(&in[i], N * 2) != cudaSuccess || cudaMalloc(&out[i], N * 2) != cudaSuccess) {
@@ -207,6 +313,7 @@ static void device_cases(void) {
         if (th_selected("backward") && t->kernel != FA_KERNEL_FA3) bad_prefix_sums(t, 1);
         if (th_selected("graph")) graph_capture(t);
     }
+    if (th_selected("decode")) decode_arrays();
 }
 #endif
 

@@ -877,8 +877,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_leftpad int32 (batch,): the first attended row. causal is aligned bottom-right on the attended
     rows. head_dim must be a multiple of 8 (the cache cannot be padded in place). num_splits: the CUDA
     kernel's split of the keys (0: its heuristic); the CPU ignores it. CPU tensors run on the CPU backend, CUDA
-    tensors (f16/bf16) on the CUDA backend, which trusts the int32 arrays it is given and can be captured in a
-    CUDA graph (the split count does not depend on cache_seqlens). No autograd (as flash-attn's). Returns out, or (out, softmax_lse (batch, heads_q,
+    tensors (f16/bf16) on the CUDA backend, which trusts the int32 arrays it is given (FLASHATTN_DEBUG=1 checks
+    them, outside graph capture) and can be captured in a CUDA graph (the split count does not depend on
+    cache_seqlens). No autograd (as flash-attn's). Returns out, or (out, softmax_lse (batch, heads_q,
     seqlen_q) float32) with return_softmax_lse=True.
     """
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,

@@ -467,6 +467,16 @@ static __global__ void __launch_bounds__(256)
     }
 }
 
+/* exec.check = 1 waits for what it reads on the device: refused on a stream being captured into a CUDA graph. */
+static fa_status refuse_capture(cudaStream_t stream) {
+    cudaStreamCaptureStatus capture;
+    fa_status st = fa_cuda_status(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    if (st == FA_OK && capture != cudaStreamCaptureStatusNone)
+        st = fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.check = 1 waits for its device-side checks and cannot run while "
+                                              "the stream is captured into a CUDA graph");
+    return st;
+}
+
 /* exec.check = 1 on a device backend: the varlen prefix sums, which the kernels otherwise trust, checked by a
  * pre-pass on the stream during validation (fa_check, fa_workspace_size and every call), before anything is
  * written. The call waits for the answer, so a stream being captured into a CUDA graph is refused. The
@@ -474,16 +484,10 @@ static __global__ void __launch_bounds__(256)
 static fa_status check_device_seqlens(const fa_params *p, const fa_exec *x, const fa_cuda_device *dev) {
     if (!x->check || !fa_is_varlen(p)) return FA_OK;
     cudaStream_t stream = (cudaStream_t)x->stream;
-    cudaStreamCaptureStatus capture;
     int prev;
     fa_status st = device_enter(dev, &prev);
     if (st != FA_OK) return st;
-    if ((st = fa_cuda_status(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing")) != FA_OK) goto done;
-    if (capture != cudaStreamCaptureStatusNone) {
-        st = fa_fail(FA_ERR_INVALID_ARGUMENT, "exec.check = 1 waits for its device-side checks and cannot run while "
-                                              "the stream is captured into a CUDA graph");
-        goto done;
-    }
+    if ((st = refuse_capture(stream)) != FA_OK) goto done;
     {
         seqlens_fault *d_faults = NULL, faults[2];
         st = fa_cuda_status(cudaMallocAsync((void **)&d_faults, sizeof faults, stream), "cudaMallocAsync");
@@ -591,6 +595,50 @@ extern "C" fa_status fa_cuda_check_kvcache(const fa_params *p, const fa_kvcache 
     fa_status st;
     if ((st = device_get(x, &dev)) || (st = decode_supported(p, kv, &dev))) return st;
     return check_kvcache_pointers(p, kv, &dev);
+}
+
+/* exec.check = 1 for a decode call: the int32 arrays the kernels trust (cache_seqlens, cache_batch_idx,
+ * cache_leftpad, block_table), copied to the host after the work queued on the stream, so that they are checked
+ * as the host backends check theirs. *h is kv with those arrays in *buf (free() it). */
+extern "C" fa_status fa_cuda_kvcache_arrays_to_host(const fa_params *p, const fa_kvcache *kv, const fa_exec *x,
+                                                    fa_kvcache *h, int32_t **buf) {
+    *h = *kv;
+    *buf = NULL;
+    const int64_t ld = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
+    const int64_t n_bt = kv->block_table ? (int64_t)(p->batch - 1) * ld + kv->max_pages : 0;
+    const int32_t *src[4] = { kv->cache_seqlens, kv->cache_batch_idx, kv->cache_leftpad, kv->block_table };
+    const int64_t count[4] = { p->batch, p->batch, p->batch, n_bt };
+    int64_t total = 0;
+    for (int i = 0; i < 4; i++) total += src[i] ? count[i] : 0;
+    if (total == 0) return FA_OK;
+    if ((uint64_t)total > SIZE_MAX / sizeof(int32_t) || !(*buf = (int32_t *)malloc((size_t)total * sizeof(int32_t))))
+        return fa_fail(FA_ERR_OUT_OF_MEMORY, "cannot allocate %lld bytes to check the decode call's int32 arrays",
+                       (long long)total * 4);
+    fa_cuda_device dev;
+    int prev = -1;
+    cudaStream_t stream = (cudaStream_t)x->stream;
+    fa_status st = device_get(x, &dev);
+    if (st == FA_OK) st = device_enter(&dev, &prev);
+    if (st == FA_OK) st = refuse_capture(stream);
+    int32_t *dst[4] = { NULL, NULL, NULL, NULL };
+    int64_t at = 0;
+    for (int i = 0; i < 4 && st == FA_OK; i++) {
+        if (!src[i]) continue;
+        dst[i] = *buf + at;
+        at += count[i];
+        st = fa_cuda_status(
+            cudaMemcpyAsync(dst[i], src[i], (size_t)count[i] * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+            "copying the decode call's int32 arrays (exec.check)");
+    }
+    if (st == FA_OK) st = fa_cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize (exec.check)");
+    device_leave(prev);
+    if (st != FA_OK) {
+        free(*buf);
+        *buf = NULL;
+        return st;
+    }
+    h->cache_seqlens = dst[0], h->cache_batch_idx = dst[1], h->cache_leftpad = dst[2], h->block_table = dst[3];
+    return FA_OK;
 }
 
 extern "C" fa_status fa_cuda_workspace_size_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x,
