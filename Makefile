@@ -311,6 +311,7 @@ test-cpu-simd: $(BUILD)/flashattn $(TEST_BIN)
 test-cli: $(BUILD)/flashattn $(BUILD)/libflashattn.so
 	@echo "== tests/cli_exit_codes.sh"; sh tests/cli_exit_codes.sh $(BUILD)/flashattn && \
 	echo "== tests/cli_bench.sh" && sh tests/cli_bench.sh $(BUILD)/flashattn && \
+	echo "== tests/no_cuda_libs.sh" && sh tests/no_cuda_libs.sh $(BUILD)/flashattn $(or $(CUDA_LIBDIR),none) $(PYTHON) && \
 	echo "== no FLASHATTN_FA3_* knob in $(BUILD)/libflashattn.so" && \
 	if [ "$(FA_TUNING)" != 1 ] && grep -q FLASHATTN_FA3_ $(BUILD)/libflashattn.so; then \
 	  echo "FAILED: $(BUILD)/libflashattn.so names a FLASHATTN_FA3_* variable without FA_TUNING"; exit 1; fi
