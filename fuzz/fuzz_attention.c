@@ -221,10 +221,13 @@ static int mutate(bytes *b, vf_problem *pr, fa_params *p, fa_exec *x, int backwa
         const int have_rows = i == 0 || i == 3 ? have_q : !varlen(p) || p->total_k > 0;
         return have_q && have_rows ? MUST_FAIL : EITHER;
     }
-    case 5: /* any thread count; exec.check 0 or 1 (the host backends ignore it), any other value refused */
-        x->num_threads = (int32_t)(next32(b) & 0x7fffffff);
-        x->check = next(b) % 4 == 3 ? (int32_t)next32(b) : (int32_t)(next(b) & 1);
-        return x->check == 0 || x->check == 1 ? MUST_PASS : MUST_FAIL;
+    case 5: { /* any thread count, and exec.check 0 or 1 (the host backends ignore it) from the same word's top
+               * bit (test_device_check covers the refused values) */
+        const uint32_t w = next32(b);
+        x->num_threads = (int32_t)(w & 0x7fffffff);
+        x->check = (int32_t)(w >> 31);
+        return MUST_PASS;
+    }
     case 6: { /* fewer rows, heads or batch entries: a valid problem inside the same memory */
         unsigned f = next(b) % 3;
         if (varlen(p)) return EITHER; /* cu_seqlens bound the lengths instead */
