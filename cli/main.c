@@ -55,8 +55,9 @@ static const char usage[] =
     "  --threads N             CPU threads (default: all)\n"
     "  --deterministic         deterministic backward (check --bwd also compares two runs bit for bit)\n"
     "  --kernel auto|fa2|fa3   CUDA kernel family\n"
-    "  --plan                  info: the CUDA plan of the problem (run's default problem unless given); without\n"
-    "                          a usable GPU, for a 132-SM compute capability 9.0 device (an H100 or H200)\n"
+    "  --plan                  info: the CUDA plan of the problem (run's default problem unless given; with\n"
+    "                          --decode, bench --decode's); without a usable GPU, for a 132-SM compute\n"
+    "                          capability 9.0 device (an H100 or H200)\n"
     "  --no-device-check       check/run: let the GPU backends trust cu_seqlens (fa_exec.check = 0); by default\n"
     "                          they check them on the device first (bench never does)\n"
     "  --layout bshd|bhsd      memory order of Q, K, V, O and their gradients: (batch, seqlen, heads, head_dim),\n"
@@ -573,8 +574,57 @@ static int cmd_info(void) {
 
 /* info --plan: the CUDA backend's family and choices for the options' problem (dense, contiguous, no data:
  * nothing runs), forward and backward. */
+#ifdef FA_WITH_CUDA
+/* info --plan --decode: bench --decode's problem (8 sequences of 8k cached keys, 32/8 heads, d128, one new token
+ * unless given), its split count and grid. */
+static int plan_decode(cli_options *o) {
+    static _Alignas(16) unsigned char nowhere[16]; /* the plan looks at shapes, never at data */
+    if (o->seqlen_k < 0) o->seqlen_k = 8192;
+    if (o->heads < 0 && o->heads_kv < 0) o->heads = 32, o->heads_kv = 8;
+    cli_set_defaults(o, 1, 8, 32, 1, 128, 0);
+    const int32_t n_new = o->seqlen_new, len = o->seqlen_k, page = o->page_size;
+    fa_params p;
+    fa_status st = fa_params_init(&p, o->dtype, o->batch, o->seqlen_q, n_new, o->heads, o->heads_kv, o->head_dim);
+    if (st != FA_OK) return cli_report_status(st, "info --plan --decode", "");
+    p.softmax_scale = o->scale != 0.0f ? o->scale : 1.0f / sqrtf((float)o->head_dim);
+    p.causal = o->causal == 1;
+    p.window_left = o->window_left;
+    p.window_right = p.causal ? 0 : o->window_right;
+    p.softcap = o->softcap;
+    p.q = fa_tensor_contiguous(nowhere, o->seqlen_q, o->heads, o->head_dim);
+    p.o = p.q;
+    if (n_new) p.k = p.v = fa_tensor_contiguous(nowhere, n_new, o->heads_kv, o->head_dim);
+    const int32_t max_pages = page ? (len + page - 1) / page : 0;
+    fa_kvcache kv;
+    fa_kvcache_init(&kv, page ? 0 : o->batch, page ? 0 : len);
+    kv.k_cache = kv.v_cache = fa_tensor_contiguous(nowhere, page ? page : len, o->heads_kv, o->head_dim);
+    if (page) kv.block_table = (int32_t *)nowhere, kv.max_pages = max_pages, kv.page_size = page;
+    if (page) kv.num_pages = o->batch * max_pages;
+    fa_exec x;
+    memset(&x, 0, sizeof x);
+    x.backend = FA_BACKEND_CUDA;
+    x.device = -1;
+    char line[768];
+    int virtual_device = 0;
+    printf("problem: %s, batch %d, heads %d/%d, %d query row(s), a %s cache of %d rows, %d new token(s), "
+           "head_dim %d\n",
+           cli_dtype_name(o->dtype), o->batch, o->heads, o->heads_kv, o->seqlen_q, page ? "paged" : "contiguous", len,
+           n_new, o->head_dim);
+    st = fa_cuda_plan_kvcache(&p, &kv, &x, line, sizeof line, &virtual_device);
+    if (virtual_device)
+        printf("device:  none usable here; the plan of a 132-SM compute capability 9.0 device (H100, H200)\n");
+    if (st != FA_OK) {
+        printf("decode: not on CUDA: %s\n", fa_last_error());
+        return cli_exit_code(st);
+    }
+    printf("%s\n", line);
+    return EXIT_OK;
+}
+#endif
+
 static int cmd_plan(cli_options *o) {
 #ifdef FA_WITH_CUDA
+    if (o->decode) return plan_decode(o);
     cli_set_defaults(o, 1, 2, 16, 4096, 128, 1);
     if (o->dtype == FA_F32) bad_usage("info --plan: the CUDA kernels take f16 or bf16%s%s", "", "");
     fa_params p;

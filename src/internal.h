@@ -221,6 +221,8 @@ fa_status fa_cuda_check(const fa_params *p, const fa_exec *x, int backward);
 /* The kernel family a CUDA call of p would run and its choices (tiles, schedule, order, grid), in words; on a
  * 132-SM compute capability 9.0 description where no device is usable (*virtual_device = 1). */
 fa_status fa_cuda_plan(const fa_params *p, const fa_exec *x, int backward, char *buf, size_t size, int *virtual_device);
+fa_status fa_cuda_plan_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x, char *buf, size_t size,
+                               int *virtual_device);
 fa_status fa_cuda_workspace_size(const fa_params *p, const fa_exec *x, int backward, size_t *bytes);
 fa_status fa_cuda_fwd(const fa_params *p, const fa_exec *x);
 fa_status fa_cuda_bwd(const fa_params *p, const fa_exec *x);

@@ -334,25 +334,29 @@ static fa_status select_family(const fa_params *p, const fa_exec *x, const fa_cu
     return backward ? select_bwd(p, x, dev, f) : select_fwd(p, x, dev, f);
 }
 
-/* The family a call of p would run and its choices, in words (flashattn info --plan): on exec's device, or,
- * where none can be used, on a description of an H100 / H200 (132 SMs, compute capability 9.0) with no device
- * behind it (*virtual_device = 1). Pointers are not looked at. */
+/* The device a plan is made for: exec's, or, where none can be used, a description of an H100 / H200 (132 SMs,
+ * compute capability 9.0) with no device behind it (*virtual_device = 1). */
+static void plan_device(const fa_exec *x, fa_cuda_device *dev, int *virtual_device) {
+    *virtual_device = 0;
+    if (device_get(x, dev) == FA_OK) return;
+    fa_clear_error();
+    memset(dev, 0, sizeof *dev);
+    dev->ordinal = -1;
+    dev->cc_major = 9;
+    dev->cc_minor = 0;
+    dev->sm_count = 132;
+    dev->smem_optin = 232448;
+    dev->smem_per_sm = 233472;
+    dev->smem_reserved = 1024;
+    *virtual_device = 1;
+}
+
+/* The family a call of p would run and its choices, in words (flashattn info --plan), on plan_device's device.
+ * Pointers are not looked at. */
 extern "C" fa_status fa_cuda_plan(const fa_params *p, const fa_exec *x, int backward, char *buf, size_t size,
                                   int *virtual_device) {
     fa_cuda_device dev;
-    *virtual_device = 0;
-    if (device_get(x, &dev) != FA_OK) {
-        fa_clear_error();
-        memset(&dev, 0, sizeof dev);
-        dev.ordinal = -1;
-        dev.cc_major = 9;
-        dev.cc_minor = 0;
-        dev.sm_count = 132;
-        dev.smem_optin = 232448;
-        dev.smem_per_sm = 233472;
-        dev.smem_reserved = 1024;
-        *virtual_device = 1;
-    }
+    plan_device(x, &dev, virtual_device);
     const fa_kernel_family *f;
     fa_status st = select_family(p, x, &dev, backward, &f);
     if (st != FA_OK) return st;
@@ -361,6 +365,18 @@ extern "C" fa_status fa_cuda_plan(const fa_params *p, const fa_exec *x, int back
         snprintf(buf + n, size - (size_t)n, ": ");
         f->describe(p, &dev, buf + n + 2, size - (size_t)n - 2);
     }
+    return FA_OK;
+}
+
+/* The same for a decode call (p resolved as fa_fwd_kvcache resolves it): the split count and the grid. */
+extern "C" fa_status fa_cuda_plan_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *x, char *buf,
+                                          size_t size, int *virtual_device) {
+    fa_cuda_device dev;
+    plan_device(x, &dev, virtual_device);
+    fa_status st = decode_supported(p, kv, &dev);
+    if (st != FA_OK) return st;
+    const int n = snprintf(buf, size, "decode: ");
+    decode_describe(p, kv, &dev, buf + n, size - (size_t)n);
     return FA_OK;
 }
 

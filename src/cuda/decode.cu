@@ -12,6 +12,7 @@
  * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
  * and DECODE_MAX_SPLITS.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "decode.cuh"
@@ -45,7 +46,8 @@ static int stages_for(int head_dim, const fa_cuda_device *dev) {
 typedef struct decode_plan {
     int64_t m_blocks;
     int num_splits;
-    size_t workspace; /* bytes: partial O and LSE when split */
+    int stages, per_sm; /* K/V tiles in the ring; attention blocks an SM holds at once */
+    size_t workspace;   /* bytes: partial O and LSE when split */
 } decode_plan;
 
 static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
@@ -56,13 +58,14 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     const int64_t tiles = (kv_capacity(kv) + decode_block_n() - 1) / decode_block_n();
     const int64_t max_splits = tiles < DECODE_MAX_SPLITS ? (tiles > 0 ? tiles : 1) : DECODE_MAX_SPLITS;
     int64_t splits = 1;
+    pl.stages = stages_for(p->head_dim, dev);
+    const size_t smem = decode_smem_bytes(p->head_dim, pl.stages);
+    int per_sm = (int)(dev->smem_per_sm / (smem + dev->smem_reserved));
+    pl.per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        const size_t smem = decode_smem_bytes(p->head_dim, stages_for(p->head_dim, dev));
-        int per_sm = (int)(dev->smem_per_sm / (smem + dev->smem_reserved));
-        per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
-        const int64_t wave = (int64_t)dev->sm_count * per_sm;
+        const int64_t wave = (int64_t)dev->sm_count * pl.per_sm;
         if (blocks * 5 < wave * 4) { /* less than 80% of a wave */
             /* the efficiency of s splits: busy block slots over the slots of the waves the grid takes; the
              * smallest s within 15% of the best (fewer splits: less to combine) */
@@ -143,7 +146,7 @@ extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, 
                        "batch (%d) and heads_kv x ceil(heads_q / heads_kv x seqlen_q / 16) (%lld) "
                        "must be <= 65535 for the CUDA decode grids",
                        p->batch, (long long)(p->heads_kv * pl.m_blocks));
-    cudaError_t err = launch(NULL, p->dtype, stages, 0);
+    cudaError_t err = fa_cuda_device_is_virtual(dev) ? cudaSuccess : launch(NULL, p->dtype, stages, 0);
     if (err != cudaSuccess) {
         cudaGetLastError();
         if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction)
@@ -158,6 +161,19 @@ extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, 
 
 extern "C" size_t decode_workspace_size(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
     return plan_get(p, kv, dev).workspace;
+}
+
+extern "C" void decode_describe(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev, char *buf,
+                                size_t size) {
+    const decode_plan pl = plan_get(p, kv, dev);
+    const int64_t ctas = (int64_t)p->batch * p->heads_kv * pl.m_blocks * pl.num_splits;
+    snprintf(buf, size,
+             "%s%d split%s of the cache's %lld rows (%lld %d-key tiles); %lld attention CTAs (batch %d x kv heads %d x "
+             "%lld blocks of 16 query rows x splits), %d per SM, a ring of %d K/V tiles%s",
+             p->k.data ? "append, then " : "", pl.num_splits, pl.num_splits == 1 ? "" : "s", (long long)kv_capacity(kv),
+             (long long)((kv_capacity(kv) + decode_block_n() - 1) / decode_block_n()), decode_block_n(),
+             (long long)ctas, p->batch, p->heads_kv, (long long)pl.m_blocks, pl.per_sm, pl.stages,
+             pl.num_splits > 1 ? "; a combine pass over the splits" : "");
 }
 
 template <typename T>

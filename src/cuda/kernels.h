@@ -91,6 +91,7 @@ fa_status naive_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *wor
  * instantiations. Not a fa_kernel_family: every entry point also takes the cache. */
 fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev);
 size_t decode_workspace_size(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev);
+void decode_describe(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev, char *buf, size_t size);
 fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev, void *workspace,
                      cudaStream_t stream);
 
