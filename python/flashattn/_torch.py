@@ -978,8 +978,7 @@ class _PreparedDecode:
     def make(p, kv, exe, workspace_bytes, args):
         """The prepared call, or None where the first call passed the library a copy of an argument (a strided
         int32 array or alibi_slopes): later calls must copy it too."""
-        q, cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes = args[0], args[7], args[8], args[9], args[11]
-        for t in (cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes):
+        for t in (args[7], args[8], args[9], args[11]):  # cache_seqlens, cache_batch_idx, cache_leftpad, alibi_slopes
             if t is not None and not t.is_contiguous():
                 return None
         return _PreparedDecode(p, kv, exe, workspace_bytes, args)
