@@ -218,7 +218,7 @@ static fa_status kv_call(int check, cudaStream_t stream) {
     kv.cache_seqlens = kv_lens;
     fa_exec e = { FA_BACKEND_CUDA, FA_KERNEL_AUTO, -1, 0, stream, NULL, 0, check };
     const fa_status st = fa_fwd_kvcache(&p, &kv, &e);
-    cudaDeviceSynchronize();
+    if (!stream) cudaDeviceSynchronize(); /* a stream being captured is not waited on: that ends its capture */
     return st;
 }
 

@@ -337,12 +337,14 @@ def _torch_inputs(a, dtype, device):
 
 @pytest.mark.parametrize("case", ["paged_append_rotary", "batch_idx_leftpad", "whole_cache_window_alibi"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
-def test_torch_prepared_calls_equal_checked_calls(device, case):
+def test_torch_prepared_calls_equal_checked_calls(device, case, monkeypatch):
     """Later calls of a signature skip the Python checks and reuse the first call's parameter blocks: with new
     data, new lengths and the cache the previous call appended to, each equals (bit for bit: outputs, lse, the
     cache) a call that builds everything anew; lengths past the cache still fail in the library, naming the
-    field, with nothing written."""
-    from flashattn import _torch as ft
+    field, with nothing written (on the GPU with FLASHATTN_DEBUG=1: its kernels trust the int32 arrays)."""
+    from flashattn import _lib, _torch as ft
+    if device == "cuda":
+        monkeypatch.setattr(_lib, "DEBUG", True)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     opts = dict(return_softmax_lse=True, causal=True)
     if case == "paged_append_rotary":
