@@ -69,7 +69,7 @@ if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "
         info --plan --deterministic
     expect 2 "info --plan refuses f32" "f16 or bf16" -- info --plan --dtype f32
     expect 0 "info --plan --decode: one sequence of 32k splits the keys" \
-        "decode: append, then 29 splits of the cache's 32768 rows.*232 attention CTAs" -- \
+        "decode: append, then 32 splits of the cache's 32768 rows.*256 attention CTAs" -- \
         info --plan --decode --batch 1 --seqlen-k 32768
     expect 0 "info --plan --decode: 32 sequences fill the SMs unsplit, no new token, paged" \
         "decode: 1 split of the cache's 4096 rows.*256 attention CTAs" -- \

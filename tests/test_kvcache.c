@@ -436,6 +436,12 @@ static void gpu_cases(void) {
         { "gpu-whole-cache", FA_F16, 2, 8, 2, 128, 1, 0, 70, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 1, 3 },
         { "gpu-d256", FA_BF16, 2, 16, 2, 256, 1, 1, 130, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
         { "gpu-long", FA_BF16, 2, 8, 2, 128, 1, 1, 5000, 64, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
+        /* tiles of 64 keys inside a page and across pages (a leftpad shifts them), pages of a power of two
+         * and not; head dims whose rows the copy threads do not divide evenly (96, 192) */
+        { "gpu-paged96-leftpad", FA_F16, 3, 6, 2, 192, 1, 2, 500, 96, 0, 1, 0, -1, -1, 0, 0, 1, 0, 0, 3 },
+        { "gpu-paged128-leftpad", FA_BF16, 3, 8, 2, 96, 2, 2, 400, 128, 0, 1, 1, -1, -1, 0, 0, 1, 0, 0, 0 },
+        { "gpu-d192", FA_F16, 2, 12, 4, 192, 1, 0, 333, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 3 },
+        { "gpu-d96", FA_BF16, 2, 8, 8, 96, 1, 1, 333, 0, 0, 1, 0, -1, -1, 0, 0, 1, 0, 0, 0 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], th_opt.seed * 104729u + i);
     /* The two-tile ring that d = 128 takes on the parts with 99 KB of shared memory per block, on this GPU

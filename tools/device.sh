@@ -113,6 +113,9 @@ part_sanitize() {
     for d in 64 128; do matrix+=("--backend cuda --kernel fa3 --bwd $small --head-dim $d --window 40,7"); done
     matrix+=("--decode --backend cuda --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seqlen-k 300 --head-dim 128 \
 --page-size 16 --new 1 --rotary-dim 64")
+    matrix+=("--decode --backend cuda --dtype f16 --batch 3 --heads 6 --heads-kv 2 --seqlen-k 300 --head-dim 192 \
+--page-size 96 --new 2 --leftpad")
+    matrix+=("--decode --backend cuda --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seqlen-k 333 --head-dim 96 --leftpad")
     matrix+=("--backend naive --bwd $small --head-dim 64")
     local regressions=(
         "--dtype bf16 --batch 2 --seqlen-q 100 --seqlen-k 200 --heads 4 --heads-kv 2 --head-dim 64 --causal"

@@ -4,10 +4,11 @@
  * split count, the workspace, and the launches (append, attention, combine) on the stream. The kernels are in
  * decode.cuh; the attention kernel is instantiated once per head dim in decode_hdim*.cu.
  *
- * Split count (kv->num_splits = 0): the blocks of one split, batch x kv heads x blocks of 16 query rows, are
- * compared with a wave (SMs x blocks per SM); when they fill less than 80% of one, the keys are split: the
- * fewest splits whose grid fills its waves within 15% as well as the best count does (busy block slots over
- * the slots of the waves it takes), at most one split per key tile of the largest possible cache length.
+ * Split count (kv->num_splits = 0): a block moves its keys at a rate of its own (a wave with idle slots is not
+ * faster per block), so s splits of the blocks of one split (batch x kv heads x blocks of 16 query rows) cost
+ * the waves they take (SMs x blocks per SM) times a block's time (the key tiles of one split, plus two for its
+ * fixed part): the cheapest s, the fewest among equals, at most one split per key tile of the largest possible
+ * cache length.
  * It depends on host-known sizes only (the cache's capacity, never cache_seqlens), so a captured CUDA graph
  * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
  * and DECODE_MAX_SPLITS.
@@ -65,21 +66,15 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
+        /* A block's time follows its tiles plus a fixed part (Q, filling the ring, the warps' merge and the
+         * epilogue: about two tiles' time), at a rate of its own: a wave with idle slots is not faster per
+         * block. So s splits cost (waves of blocks) x (tiles per split + 2): the cheapest s, the fewest splits
+         * among equals (less to combine). */
         const int64_t wave = (int64_t)dev->sm_count * pl.per_sm;
-        if (blocks * 5 < wave * 4) { /* less than 80% of a wave */
-            /* the efficiency of s splits: busy block slots over the slots of the waves the grid takes; the
-             * smallest s within 15% of the best (fewer splits: less to combine) */
-            double eff[DECODE_MAX_SPLITS + 1], best = 0.0;
-            for (int64_t s = 1; s <= max_splits; s++) {
-                const int64_t n = blocks * s, waves = (n + wave - 1) / wave;
-                eff[s] = (double)n / (double)(waves * wave);
-                if (eff[s] > best) best = eff[s];
-            }
-            for (int64_t s = 1; s <= max_splits; s++)
-                if (eff[s] >= 0.85 * best) {
-                    splits = s;
-                    break;
-                }
+        int64_t best = INT64_MAX;
+        for (int64_t s = 1; s <= max_splits; s++) {
+            const int64_t waves = (blocks * s + wave - 1) / wave, cost = waves * ((tiles + s - 1) / s + 2);
+            if (cost < best) best = cost, splits = s;
         }
     }
     pl.num_splits = (int)splits;
@@ -187,8 +182,7 @@ static cudaError_t launch_append(const decode_args *a, cudaStream_t stream) {
 template <typename T>
 static cudaError_t launch_combine(const decode_args *a, cudaStream_t stream) {
     const int64_t rows = (int64_t)a->batch * a->heads_q * a->seqlen_q;
-    decode_combine_kernel<T><<<(unsigned)((rows + DECODE_COMBINE_WARPS - 1) / DECODE_COMBINE_WARPS),
-                               DECODE_COMBINE_WARPS * 32, 0, stream>>>(*a);
+    decode_combine_kernel<T><<<(unsigned)rows, DECODE_COMBINE_THREADS, 0, stream>>>(*a);
     return cudaGetLastError();
 }
 
@@ -212,6 +206,12 @@ extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const 
     a.block_table = kv->block_table;
     a.block_table_stride = kv->block_table_stride ? kv->block_table_stride : kv->max_pages;
     a.page_size = kv->page_size;
+    a.page_shift = a.page_mask = -1;
+    if (kv->block_table && (kv->page_size & (kv->page_size - 1)) == 0) { /* a power of two: shifts, not divisions */
+        a.page_shift = 0;
+        while ((1 << a.page_shift) < kv->page_size) a.page_shift++;
+        a.page_mask = kv->page_size - 1;
+    }
     a.cache_seqlens = kv->cache_seqlens, a.cache_batch_idx = kv->cache_batch_idx, a.cache_leftpad = kv->cache_leftpad;
     a.capacity = (int32_t)kv_capacity(kv);
     a.rotary_cos = kv->rotary_cos, a.rotary_sin = kv->rotary_sin;

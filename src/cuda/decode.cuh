@@ -11,13 +11,14 @@
  * Attention: one block per (split of the keys, kv head x block of 16 query rows, sequence). The query heads
  * that share a kv head and the query tokens are the rows of one m16 tile (row r is token r / group of query
  * head kv_head * group + r % group), so each K/V byte is read once per kv head, not once per query head. The
- * block's keys come in tiles of 16 x warps rows by cp.async through a multi-stage ring (16-byte copies, the
- * page table read per row, rows past the sequence zero-filled and never read); each warp takes 16 keys of a
- * tile: S = Q K^T and O += P V with mma.sync m16n8k16, the scores made general (scale, softcap, ALiBi, the
- * bottom-right mask) element by element: the kernel waits on memory, not on arithmetic. Each warp keeps its
+ * block's keys come in tiles of 16 x warps rows by cp.async through a multi-stage ring (16-byte copies; one
+ * address per thread and tile, fixed strides after it, where the tile lies in one page or the cache is
+ * contiguous, else the page table read per row; rows past the sequence zero-filled and never read); each warp
+ * takes 16 keys of a tile: S = Q K^T and O += P V with mma.sync m16n8k16, the scores made general (scale, softcap,
+ * ALiBi, the bottom-right mask) element by element: the kernel waits on memory, not on arithmetic. Each warp keeps its
  * own running max, sum and O; at the end the warps merge through shared memory. With one split the block
  * writes O and LSE; with several it writes its normalised O and its LSE in fp32 to the workspace, and the
- * combine kernel (one warp per query row) weighs the splits by exp(lse_split - lse) into O and LSE.
+ * combine kernel (one block per query row) weighs the splits by exp(lse_split - lse) into O and LSE.
  *
  * Query rotary (when rotary tables are given) is applied as the Q tile is loaded: rotated in fp32, rounded to
  * the dtype, at cache_seqlens[b] + i under a mask (causal or a window), cache_seqlens[b] otherwise.
@@ -48,6 +49,7 @@ typedef struct decode_args {
     const int32_t *block_table; /* NULL: contiguous */
     int64_t block_table_stride;
     int32_t page_size;
+    int32_t page_shift, page_mask; /* page size 2^page_shift: row >> page_shift, row & page_mask; else -1, -1 */
     const int32_t *cache_seqlens, *cache_batch_idx, *cache_leftpad; /* each may be NULL */
     int32_t capacity;                                               /* rows of a sequence's cache */
     const void *rotary_cos, *rotary_sin;                            /* NULL: no rotary */
@@ -65,7 +67,8 @@ typedef struct decode_args {
 } decode_args;
 
 /* Warps per attention block (each takes 16 keys of a tile) and K/V tiles in the ring. Head dims up to 128 keep
- * three tiles where they fit (two in flight while one is computed; two blocks per SM on A100/H100), else two:
+ * three tiles where they fit (the next one is requested before the oldest is waited for, so all three are in
+ * flight during the wait; two blocks per SM on A100/H100), else two:
  * the 99 KB parts (sm_86, sm_89, sm_120) at d = 128, and every part above d = 128. */
 #define DECODE_WARPS 4
 static constexpr __host__ __device__ int decode_stages_max(int d) {
@@ -111,7 +114,10 @@ struct decode_slot {
 };
 static __device__ __forceinline__ decode_slot decode_cache_slot(const decode_args &a, int b, int row) {
     decode_slot s;
-    if (a.block_table) {
+    if (a.block_table && a.page_shift >= 0) {
+        s.unit = a.block_table[b * a.block_table_stride + (row >> a.page_shift)];
+        s.row = row & a.page_mask;
+    } else if (a.block_table) {
         s.unit = a.block_table[b * a.block_table_stride + row / a.page_size];
         s.row = row % a.page_size;
     } else {
@@ -165,52 +171,70 @@ __global__ void decode_append_kernel(const __grid_constant__ decode_args a) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Combine: one warp per query row (b, h, i) merges the splits' partial O and LSE
+ * Combine: one block per query row (b, h, i) merges the splits' partial O and LSE. Thread t weighs columns
+ * 4 (t % (D / 4)) .. of the splits t / (D / 4), + groups, ..: the splits' loads are independent (no branch between
+ * them), so a thread has several in flight; the groups' sums meet in shared memory.
  * ------------------------------------------------------------------------------------------------------- */
 
-#define DECODE_COMBINE_WARPS 4
-#define DECODE_MAX_SPLITS    128
+#define DECODE_COMBINE_THREADS 128
+#define DECODE_MAX_SPLITS      128
 
 template <typename T>
-__global__ void __launch_bounds__(DECODE_COMBINE_WARPS * 32)
-    decode_combine_kernel(const __grid_constant__ decode_args a) {
+__global__ void __launch_bounds__(DECODE_COMBINE_THREADS) decode_combine_kernel(const __grid_constant__ decode_args a) {
     typedef fa_elem<T> E;
-    __shared__ float weight[DECODE_COMBINE_WARPS][DECODE_MAX_SPLITS];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q;
-    const int64_t row = (int64_t)blockIdx.x * DECODE_COMBINE_WARPS + warp; /* (b * heads_q + h) * seqlen_q + i */
-    if (row >= rows) return;
+    constexpr int kThreads = DECODE_COMBINE_THREADS, kWarps = kThreads / 32;
+    static_assert(DECODE_MAX_SPLITS <= kThreads, "decode combine: a split's LSE per thread");
+    __shared__ float weight[DECODE_MAX_SPLITS], red[2][kWarps];
+    __shared__ float4 part[kThreads];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q, row = blockIdx.x; /* (b heads_q + h) seqlen_q + i */
     const int S = a.num_splits, D = a.head_dim;
-    float mx = -INFINITY;
-    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, a.part_lse[s * rows + row]);
-    mx = fa_warp_max(mx);
+
+    /* the splits' weights exp(lse_s - max) and their sum */
+    const float l = tid < S ? a.part_lse[tid * rows + row] : -INFINITY;
+    float mx = fa_warp_max(l);
+    if (lane == 0) red[0][warp] = mx;
+    __syncthreads();
+    mx = red[0][0];
+#pragma unroll
+    for (int w = 1; w < kWarps; w++) mx = fmaxf(mx, red[0][w]);
+    const float wt = mx == -INFINITY || l == -INFINITY ? 0.0f : expf(l - mx);
+    if (tid < S) weight[tid] = wt;
+    const float wsum = fa_warp_sum(wt);
+    if (lane == 0) red[1][warp] = wsum;
+    __syncthreads();
     float sum = 0.0f;
-    for (int s = lane; s < S; s += 32) {
-        const float l = a.part_lse[s * rows + row];
-        const float w = mx == -INFINITY || l == -INFINITY ? 0.0f : expf(l - mx);
-        weight[warp][s] = w;
-        sum += w;
-    }
-    sum = fa_warp_sum(sum);
-    __syncwarp();
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int i = (int)(row % a.seqlen_q), h = (int)(row / a.seqlen_q % a.heads_q),
-              b = (int)(row / a.seqlen_q / a.heads_q);
-    T *o = (T *)a.o + b * a.o_batch + i * a.o_row + h * a.o_head;
-    for (int c = lane * 4; c < D; c += 128) {
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int s = 0; s < S; s++) {
-            const float w = weight[warp][s];
-            if (w == 0.0f) continue; /* an empty split's partial O is never written */
-            const float4 x = *(const float4 *)(a.part_o + (s * rows + row) * D + c);
-            acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) sum += red[1][w];
+
+    const int chunks = D / 4, groups = kThreads / chunks, c = tid % chunks, g = tid / chunks;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (g < groups) {
+#pragma unroll 4
+        for (int s = g; s < S; s += groups) {
+            const float w = weight[s];
+            const float4 x = *(const float4 *)(a.part_o + (s * rows + row) * D + 4 * c);
+            if (w != 0.0f) /* an empty split's partial O is never written: selected away, not multiplied by 0 */
+                acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
         }
+    }
+    part[tid] = acc;
+    __syncthreads();
+    if (tid < chunks) {
+        for (int q = 1; q < groups; q++) {
+            const float4 y = part[q * chunks + tid];
+            acc.x += y.x, acc.y += y.y, acc.z += y.z, acc.w += y.w;
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const int i = (int)(row % a.seqlen_q), h = (int)(row / a.seqlen_q % a.heads_q),
+                  b = (int)(row / a.seqlen_q / a.heads_q);
+        T *o = (T *)a.o + b * a.o_batch + i * a.o_row + h * a.o_head + 4 * c;
         uint2 packed;
         packed.x = E::pack(acc.x * inv, acc.y * inv);
         packed.y = E::pack(acc.z * inv, acc.w * inv);
-        *(uint2 *)(o + c) = packed;
+        *(uint2 *)o = packed;
     }
-    if (a.lse && lane == 0) a.lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    if (a.lse && tid == 0) a.lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -218,26 +242,60 @@ __global__ void __launch_bounds__(DECODE_COMBINE_WARPS * 32)
  * ------------------------------------------------------------------------------------------------------- */
 
 /* Copies key tile n (keys n * BN ..) of sequence b, kv head hk, into sK and sV by cp.async: attended key j is
- * cache row leftpad + j; keys at or past len_k are zero-filled and not read (their pages may not exist). */
+ * cache row leftpad + j; keys at or past len_k are zero-filled and not read (their pages may not exist). Thread
+ * tid copies chunk tid % kChunks of rows tid / kChunks + i * kRowStep. A tile in one run of rows (a contiguous
+ * cache, or one page) takes one slot lookup and fixed strides; one across pages looks up the page of each row. */
 template <typename T, typename KVTile, int kThreads>
 static __device__ __forceinline__ void decode_load_tile(const decode_args &a, int b, int hk, int pad, int len_k, int n,
                                                         uint32_t sK, uint32_t sV, int tid) {
-    constexpr int kChunks = KVTile::kChunks, kTotal = KVTile::kRows * kChunks;
+    constexpr int kChunks = KVTile::kChunks, kRowStep = kThreads / kChunks;
+    constexpr int kIters = (KVTile::kRows + kRowStep - 1) / kRowStep;
+    static_assert(kRowStep >= 1, "decode: a row per thread group");
+    if (kThreads % kChunks && tid >= kRowStep * kChunks) return; /* head dims 96, 192: a few threads idle */
     const T *k0 = (const T *)a.k_cache, *v0 = (const T *)a.v_cache;
+    const int r0 = tid / kChunks, c = tid % kChunks, j0 = n * KVTile::kRows + r0, first = pad + n * KVTile::kRows;
+    /* row r0 + i kRowStep of the tile exists (the last step of head dims 96, 192 is partial) */
+    auto in_tile = [&](int i) { return KVTile::kRows % kRowStep == 0 || r0 + i * kRowStep < KVTile::kRows; };
+    if (!a.block_table ||
+        (a.page_shift >= 0 ? first & a.page_mask : first % a.page_size) + KVTile::kRows <= a.page_size) {
+        const decode_slot at = decode_cache_slot(a, b, first);
+        const T *ks = k0 + at.unit * a.kc_batch + (int64_t)(at.row + r0) * a.kc_row + hk * a.kc_head + c * 8;
+        const T *vs = v0 + at.unit * a.vc_batch + (int64_t)(at.row + r0) * a.vc_row + hk * a.vc_head + c * 8;
+        const int64_t k_step = kRowStep * a.kc_row, v_step = kRowStep * a.vc_row;
+        if ((n + 1) * KVTile::kRows <= len_k) { /* every row attended: no predicate */
 #pragma unroll
-    for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; i++) {
-        const int idx = tid + i * kThreads;
-        if (kTotal % kThreads && idx >= kTotal) break;
-        const int r = idx / kChunks, c = idx % kChunks, j = n * KVTile::kRows + r;
-        const bool valid = j < len_k;
-        const T *ks = k0, *vs = v0;
-        if (valid) {
-            const decode_slot at = decode_cache_slot(a, b, pad + j);
-            ks = k0 + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + hk * a.kc_head + c * 8;
-            vs = v0 + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + hk * a.vc_head + c * 8;
+            for (int i = 0; i < kIters && in_tile(i); i++, ks += k_step, vs += v_step) {
+                fa_cp_async_16(sK + KVTile::offset(r0 + i * kRowStep, c), ks, true);
+                fa_cp_async_16(sV + KVTile::offset(r0 + i * kRowStep, c), vs, true);
+            }
+            return;
         }
-        fa_cp_async_16(sK + KVTile::offset(r, c), ks, valid);
-        fa_cp_async_16(sV + KVTile::offset(r, c), vs, valid);
+#pragma unroll
+        for (int i = 0; i < kIters && in_tile(i); i++, ks += k_step, vs += v_step) {
+            const bool valid = j0 + i * kRowStep < len_k;
+            fa_cp_async_16(sK + KVTile::offset(r0 + i * kRowStep, c), valid ? ks : k0, valid);
+            fa_cp_async_16(sV + KVTile::offset(r0 + i * kRowStep, c), valid ? vs : v0, valid);
+        }
+        return;
+    }
+    /* every row's page first (independent loads of the page table), then the copies */
+    const T *ks[kIters], *vs[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; i++) {
+        const int j = j0 + i * kRowStep;
+        ks[i] = k0, vs[i] = v0;
+        if (in_tile(i) && j < len_k) {
+            const decode_slot at = decode_cache_slot(a, b, pad + j);
+            ks[i] = k0 + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + hk * a.kc_head + c * 8;
+            vs[i] = v0 + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + hk * a.vc_head + c * 8;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kIters && in_tile(i); i++) {
+        const bool valid = j0 + i * kRowStep < len_k;
+        const uint32_t d = KVTile::offset(r0 + i * kRowStep, c);
+        fa_cp_async_16(sK + d, ks[i], valid);
+        fa_cp_async_16(sV + d, vs[i], valid);
     }
 }
 
@@ -342,11 +400,18 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
     for (int dt = 0; dt < DT; dt++) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
     float row_max[2] = { -INFINITY, -INFINITY }, row_sum[2] = { 0.0f, 0.0f };
     const float scale_log2 = a.scale * FA_LOG2E;
+    const bool general = a.softcap > 0.0f || a.alibi;
+    /* keys that every real row of the block sees (rows past nrows have a zero Q and are never written) */
+    const int64_t diag_first = r0 / a.group + shift, diag_last = (r0 + nrows - 1) / a.group + shift;
+    const int64_t full_lo = a.window_left >= 0 ? max((int64_t)0, diag_last - a.window_left) : 0;
+    const int64_t full_hi =
+        a.window_right >= 0 ? max((int64_t)0, min((int64_t)len_k, diag_first + a.window_right + 1)) : len_k;
 
     int stage = 0; /* ring slot of tile n */
     for (int n = n_begin; n < n_end; n++) {
-        fa_cp_async_wait<STAGES - 2>();
-        __syncthreads(); /* tile n landed; every warp is done with the slot refilled next (tile n - 1's) */
+        /* Tile n + STAGES - 1 goes into tile n - 1's slot as soon as every warp is done with it, before tile n
+         * is waited for: STAGES tiles in flight during the wait, not STAGES - 1. */
+        __syncthreads();
         {
             const int nn = n + STAGES - 1, slot = stage == 0 ? STAGES - 1 : stage - 1;
             if (nn < n_end)
@@ -354,6 +419,8 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
                                                       sKV + slot * kStageBytes + KVTile::kBytes, tid);
             fa_cp_async_commit();
         }
+        fa_cp_async_wait<STAGES - 1>();
+        __syncthreads(); /* tile n landed, every thread's copies visible */
         const uint32_t sK = sKV + stage * kStageBytes, sV = sK + KVTile::kBytes;
         stage = stage + 1 == STAGES ? 0 : stage + 1;
 
@@ -376,44 +443,60 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
             E::mma(s[1], qa, kb[2], kb[3]);
         }
 
-        /* scores in log2 units: scale, softcap, ALiBi, then the mask (keys past the sequence included) */
+        /* scores in log2 units: scale, softcap, ALiBi, then the mask (keys past the sequence included) where
+         * some row of the block does not see every key of the tile */
         const int j0 = n * BN + warp * 16 + 2 * t4;
+        if (general) {
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int hf = e / 2, j = j0 + nt * 8 + (e & 1);
-                float x = s[nt][e];
-                if (a.softcap > 0.0f || a.alibi) {
-                    x *= a.scale;
+                for (int e = 0; e < 4; e++) {
+                    const int hf = e / 2, j = j0 + nt * 8 + (e & 1);
+                    float x = s[nt][e] * a.scale;
                     if (a.softcap > 0.0f) x = a.softcap * tanhf(x / a.softcap);
                     if (a.alibi) x -= row_slope[hf] * fabsf((float)(row_diag[hf] - j));
-                    x *= FA_LOG2E;
-                } else {
-                    x *= scale_log2;
+                    s[nt][e] = x * FA_LOG2E;
                 }
-                s[nt][e] = j >= row_lo[hf] && j < row_hi[hf] ? x : -INFINITY;
-            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] *= scale_log2;
+        }
+        if (n * BN < full_lo || n * BN + BN > full_hi) {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hf = e / 2, j = j0 + nt * 8 + (e & 1);
+                    if (j < row_lo[hf] || j >= row_hi[hf]) s[nt][e] = -INFINITY;
+                }
+        }
 
-        /* online softmax per row; P packed to 16 bits as the A operand of P V */
+        /* online softmax per row; P packed to 16 bits as the A operand of P V. O is rescaled only when some
+         * row's max moved (the factor is exactly 1 otherwise, as it mostly is after the first tiles). */
         uint32_t pa[4];
+        float corr[2];
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             float mx = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
             mx = fa_quad_max(mx);
             const float m_new = fmaxf(row_max[hf], mx);
             const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with no key yet: p = 0, not NaN */
-            const float corr = fa_exp2(row_max[hf] - m_use);
+            corr[hf] = fa_exp2(row_max[hf] - m_use);
             row_max[hf] = m_new;
-            row_sum[hf] *= corr;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) acc[dt][2 * hf] *= corr, acc[dt][2 * hf + 1] *= corr;
+            row_sum[hf] *= corr[hf];
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 const float p0 = fa_exp2(s[nt][2 * hf] - m_use), p1 = fa_exp2(s[nt][2 * hf + 1] - m_use);
                 row_sum[hf] += p0 + p1;
                 pa[2 * nt + hf] = E::pack(p0, p1); /* a0: (g, keys 0-7), a1: (g+8, 0-7), a2/a3: keys 8-15 */
             }
+        }
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                acc[dt][0] *= corr[0], acc[dt][1] *= corr[0], acc[dt][2] *= corr[1], acc[dt][3] *= corr[1];
         }
 
         /* O += P V */
