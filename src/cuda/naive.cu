@@ -44,6 +44,7 @@ static size_t align_up(size_t x) {
  * cublasSetStream to the _v2 symbols). */
 static struct {
     cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*destroy)(cublasHandle_t);
     cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
     cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
                                            const void *, const void *, cudaDataType, int, long long, const void *,
@@ -65,10 +66,11 @@ static void cublas_load_once(void) {
                  CUBLAS_SONAME, why ? why : "dlopen failed", CUBLAS_VER_MAJOR);
         return;
     }
-    static const char *const names[] = { "cublasCreate_v2", "cublasSetStream_v2", "cublasGemmStridedBatchedEx",
+    static const char *const names[] = { "cublasCreate_v2",       "cublasDestroy_v2",
+                                         "cublasSetStream_v2",    "cublasGemmStridedBatchedEx",
                                          "cublasGetStatusString", "cublasGetStatusName" };
-    void *fns[5];
-    for (int i = 0; i < 5; i++) {
+    void *fns[6];
+    for (int i = 0; i < 6; i++) {
         if (!(fns[i] = dlsym(h, names[i]))) {
             snprintf(cublas_error, sizeof cublas_error, "%s was loaded but has no symbol %s", CUBLAS_SONAME, names[i]);
             dlclose(h);
@@ -77,10 +79,11 @@ static void cublas_load_once(void) {
     }
     /* POSIX guarantees that a dlsym result converts to a function pointer; memcpy says so to C++ too. */
     memcpy(&cublas.create, &fns[0], sizeof fns[0]);
-    memcpy(&cublas.set_stream, &fns[1], sizeof fns[1]);
-    memcpy(&cublas.gemm_strided_batched, &fns[2], sizeof fns[2]);
-    memcpy(&cublas.status_string, &fns[3], sizeof fns[3]);
-    memcpy(&cublas.status_name, &fns[4], sizeof fns[4]);
+    memcpy(&cublas.destroy, &fns[1], sizeof fns[1]);
+    memcpy(&cublas.set_stream, &fns[2], sizeof fns[2]);
+    memcpy(&cublas.gemm_strided_batched, &fns[3], sizeof fns[3]);
+    memcpy(&cublas.status_string, &fns[4], sizeof fns[4]);
+    memcpy(&cublas.status_name, &fns[5], sizeof fns[5]);
     /* h is never closed: the handles and function pointers refer into it for the life of the process */
 }
 
@@ -97,14 +100,23 @@ static fa_status cublas_status(cublasStatus_t s, const char *what) {
     return fa_fail(st, "%s: %s (%s)", what, cublas.status_string(s), cublas.status_name(s));
 }
 
-/* One handle per thread and device (handles must not be shared by concurrent threads). */
+/* One handle per thread and device (handles must not be shared by concurrent threads), created at the thread's
+ * first naive call on the device and destroyed when the thread ends (at exit for the main thread, before the
+ * CUDA runtime's own teardown), with cuBLAS's workspace. */
 #define NAIVE_MAX_DEVICES 64
-static thread_local cublasHandle_t naive_handles[NAIVE_MAX_DEVICES];
+struct naive_handle_set {
+    cublasHandle_t h[NAIVE_MAX_DEVICES];
+    ~naive_handle_set() {
+        for (int d = 0; d < NAIVE_MAX_DEVICES; d++)
+            if (h[d] && cudaSetDevice(d) == cudaSuccess) cublas.destroy(h[d]);
+    }
+};
+static thread_local naive_handle_set naive_handles;
 
 static fa_status naive_handle(const fa_cuda_device *dev, cudaStream_t stream, cublasHandle_t *h) {
     if (dev->ordinal >= NAIVE_MAX_DEVICES)
         return fa_fail(FA_ERR_UNSUPPORTED, "device ordinal %d >= %d", dev->ordinal, NAIVE_MAX_DEVICES);
-    cublasHandle_t *slot = &naive_handles[dev->ordinal];
+    cublasHandle_t *slot = &naive_handles.h[dev->ordinal];
     fa_status st;
     if (!*slot && (st = cublas_status(cublas.create(slot), "cublasCreate")) != FA_OK) {
         *slot = NULL;
