@@ -2,9 +2,11 @@
 /*
  * test_api.c - the C API's contract apart from the numbers: every invalid argument returns its status, names
  * the offending field in fa_last_error() and leaves every output untouched; status strings; version and
- * struct sizes; workspace size checks; backends that are not built or have no device; fa_flops_fwd.
+ * struct sizes; workspace size checks; backends that are not built or have no device; fa_flops_fwd; calls
+ * from several threads at once.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -521,6 +523,107 @@ static void flops(void) {
     th_check(fa_flops_fwd(NULL, NULL, NULL) == 0.0, "flops of NULL params is 0");
 }
 
+/* ---- calls from several threads at once ---- */
+
+/* Each thread runs its own problem (forward, backward, then a call refused for a value only it uses) three
+ * times on the CPU backend with two OpenMP threads of its own; every thread reads its error only once all of
+ * them have failed their call (a barrier), so one shared message could not pass. The main thread compares
+ * afterwards, since the harness's counters are not thread-safe. */
+#define CONC_THREADS 8
+static pthread_barrier_t conc_barrier;
+typedef struct conc_task {
+    int index;
+    vf_problem pr;
+    unsigned char *want[2], *got; /* the serial outputs (forward, backward); scratch */
+    size_t bytes[2];
+    int calls_ok, same, errors_own, errors_clear;
+} conc_task;
+
+static void *conc_run(void *arg) {
+    conc_task *t = arg;
+    fa_exec x;
+    memset(&x, 0, sizeof x);
+    x.backend = FA_BACKEND_CPU, x.num_threads = 2;
+    char want[64];
+    snprintf(want, sizeof want, "window_left (%d)", -2 - t->index);
+    for (int round = 0; round < 3; round++) {
+        for (int bwd = 0; bwd < 2; bwd++) {
+            if (vf_run(&t->pr, &x, bwd) != FA_OK) continue;
+            t->calls_ok++;
+            t->errors_clear += fa_last_error()[0] == '\0';
+            vf_outputs_save(&t->pr, bwd, t->got);
+            t->same += !memcmp(t->got, t->want[bwd], t->bytes[bwd]);
+        }
+        fa_params p = *vf_params_for(&t->pr, FA_BACKEND_CPU);
+        p.window_left = -2 - t->index;
+        const fa_status st = fa_fwd(&p, &x);
+        pthread_barrier_wait(&conc_barrier); /* every thread has failed its call */
+        t->errors_own += st == FA_ERR_INVALID_ARGUMENT && strstr(fa_last_error(), want) != NULL;
+        pthread_barrier_wait(&conc_barrier); /* every thread has read its error */
+    }
+    return NULL;
+}
+
+static void concurrent_calls(void) {
+    conc_task tasks[CONC_THREADS];
+    pthread_t threads[CONC_THREADS];
+    fa_exec x;
+    memset(&x, 0, sizeof x);
+    x.backend = FA_BACKEND_CPU, x.num_threads = 2;
+    int ready = 1;
+    for (int i = 0; i < CONC_THREADS; i++) {
+        conc_task *t = &tasks[i];
+        memset(t, 0, sizeof *t);
+        t->index = i;
+        vf_config c;
+        vf_config_init(&c);
+        c.batch = 1 + i % 3, c.seqlen_q = 17 + 9 * i, c.seqlen_k = 40 + 5 * i, c.heads_q = 4, c.heads_kv = 1 + i % 2;
+        c.head_dim = i % 2 ? 64 : 32, c.causal = i % 3 == 0, c.dtype = i % 4 == 3 ? FA_BF16 : FA_F32;
+        c.seed = 1000 + (uint64_t)i;
+        if (vf_problem_create(&t->pr, &c) != FA_OK) {
+            ready = 0;
+            continue;
+        }
+        for (int bwd = 0; bwd < 2; bwd++) {
+            t->bytes[bwd] = vf_outputs_bytes(&t->pr, bwd);
+            t->want[bwd] = malloc(t->bytes[bwd]);
+            if (!t->want[bwd] || vf_run(&t->pr, &x, bwd) != FA_OK) {
+                ready = 0;
+                continue;
+            }
+            vf_outputs_save(&t->pr, bwd, t->want[bwd]);
+        }
+        t->got = malloc(t->bytes[0] > t->bytes[1] ? t->bytes[0] : t->bytes[1]);
+        ready = ready && t->got;
+    }
+    int started = 0;
+    if (ready && pthread_barrier_init(&conc_barrier, NULL, CONC_THREADS) == 0) {
+        for (; started < CONC_THREADS; started++)
+            if (pthread_create(&threads[started], NULL, conc_run, &tasks[started]) != 0) break;
+        if (started < CONC_THREADS) { /* the started ones would wait at the barrier for ever */
+            fprintf(stderr, "pthread_create failed after %d threads\n", started);
+            exit(1);
+        }
+        for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
+        pthread_barrier_destroy(&conc_barrier);
+    }
+    int calls = 0, same = 0, own = 0, clear = 0;
+    for (int i = 0; i < CONC_THREADS; i++) {
+        calls += tasks[i].calls_ok, same += tasks[i].same, own += tasks[i].errors_own, clear += tasks[i].errors_clear;
+        free(tasks[i].want[0]), free(tasks[i].want[1]), free(tasks[i].got);
+        vf_problem_destroy(&tasks[i].pr);
+    }
+    const int n = CONC_THREADS * 3;
+    th_check(ready && started == CONC_THREADS && calls == 2 * n && same == 2 * n,
+             "%d threads at once, %d forward + backward calls each: %d of %d succeeded, %d bit-identical to the "
+             "serial run",
+             started, 3, calls, 2 * n, same);
+    th_check(own == n && clear == 2 * n,
+             "each thread's fa_last_error is its own: %d of %d refused calls name the thread's own value, empty "
+             "after %d of %d successful calls",
+             own, n, clear, 2 * n);
+}
+
 int main(int argc, char **argv) {
     th_init(argc, argv, NULL);
     vf_config c;
@@ -540,6 +643,7 @@ int main(int argc, char **argv) {
     introspection();
     unavailable_backends();
     flops();
+    concurrent_calls();
     vf_problem_destroy(&base);
     vf_problem_destroy(&base_varlen);
     return th_finish();
