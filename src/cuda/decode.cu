@@ -66,10 +66,8 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        /* A block's time follows its tiles plus a fixed part (Q, filling the ring, the warps' merge and the
-         * epilogue: about two tiles' time), at a rate of its own: a wave with idle slots is not faster per
-         * block. So s splits cost (waves of blocks) x (tiles per split + 2): the cheapest s, the fewest splits
-         * among equals (less to combine). */
+        /* the cost model of the file's header; + 2: a block's fixed part (Q, filling the ring, the warps'
+         * merge, the epilogue) in tiles' time */
         const int64_t wave = (int64_t)dev->sm_count * pl.per_sm;
         int64_t best = INT64_MAX;
         for (int64_t s = 1; s <= max_splits; s++) {

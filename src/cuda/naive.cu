@@ -69,8 +69,8 @@ static void cublas_load_once(void) {
     static const char *const names[] = { "cublasCreate_v2",       "cublasDestroy_v2",
                                          "cublasSetStream_v2",    "cublasGemmStridedBatchedEx",
                                          "cublasGetStatusString", "cublasGetStatusName" };
-    void *fns[6];
-    for (int i = 0; i < 6; i++) {
+    void *fns[sizeof names / sizeof names[0]];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (!(fns[i] = dlsym(h, names[i]))) {
             snprintf(cublas_error, sizeof cublas_error, "%s was loaded but has no symbol %s", CUBLAS_SONAME, names[i]);
             dlclose(h);
