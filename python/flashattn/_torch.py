@@ -688,6 +688,60 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return (out, lse, None) if return_attn_probs else out
 
 
+def _gather_pages(q, k_pages, v_pages, block_table, cu_seqlens_k, max_seqlen_k):
+    """The keys and values of a paged cache as packed (batch * max_seqlen_k, heads_kv, head_dim) tensors whose
+    rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 are sequence b's keys (the rows past cu_seqlens_k[-1] repeat
+    page 0's first row), computed on the device without reading device values on the host."""
+    for name, t in (("k", k_pages), ("v", v_pages)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            raise ValueError(f"with block_table, {name} must be a (num_pages, page_size, heads_kv, head_dim) tensor, "
+                             f"got {_shape_of(t)}")
+    if k_pages.shape != v_pages.shape:
+        raise ValueError(f"with block_table, k and v must have one shape, got {tuple(k_pages.shape)} and "
+                         f"{tuple(v_pages.shape)}")
+    if not isinstance(block_table, Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise TypeError(f"block_table must be an int32 (batch, max_pages) tensor, got {_shape_of(block_table)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
+    if not isinstance(cu_seqlens_k, Tensor) or cu_seqlens_k.dim() != 1:
+        raise TypeError(f"cu_seqlens_k must be a 1-D int32 tensor, got {_shape_of(cu_seqlens_k)}")
+    num_pages, page_size = k_pages.shape[0], k_pages.shape[1]
+    batch, max_pages = cu_seqlens_k.numel() - 1, block_table.shape[1]
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table has {block_table.shape[0]} rows for a batch of {batch} (cu_seqlens_k)")
+    max_seqlen_k = int(max_seqlen_k)
+    if max_seqlen_k < 0 or max_seqlen_k > max_pages * page_size:
+        raise ValueError(f"max_seqlen_k ({max_seqlen_k}) must be in [0, {max_pages} pages x {page_size} rows] "
+                         f"(block_table's width times the page size)")
+    if batch < 1 or num_pages == 0 or page_size == 0 or max_seqlen_k == 0:
+        shape = (0,) + tuple(k_pages.shape[2:])
+        return k_pages.new_empty(shape), v_pages.new_empty(shape)
+    cu = cu_seqlens_k.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    if q.device.type == "cpu" or _lib.DEBUG:
+        used = (torch.arange(max_pages, device=q.device) * page_size).unsqueeze(0) < lengths.unsqueeze(1)
+        bad = used & ((block_table < 0) | (block_table >= num_pages))
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"block_table[{b}][{j}] = {int(block_table[b, j])} is not a page of k "
+                             f"[0, {num_pages})")
+    rows = torch.arange(batch * max_seqlen_k, device=q.device)
+    seq = torch.searchsorted(cu[1:], rows, right=True).clamp_(max=batch - 1)
+    pos = rows - cu[seq]
+    inside = (pos >= 0) & (pos < lengths[seq])
+    pos = torch.where(inside, pos, torch.zeros_like(pos))
+    page = block_table[seq, pos // page_size].to(torch.int64)
+    # entries are trusted on CUDA; clamping keeps a bad one from faulting the device (it reads some page)
+    page = torch.where(inside, page, torch.zeros_like(page)).clamp_(0, num_pages - 1)
+    index = page * page_size + pos % page_size
+    k, v = k_pages.flatten(0, 1).index_select(0, index), v_pages.flatten(0, 1).index_select(0, index)
+    if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+        # the backward leaves the rows past the sequences unwritten: keep them out of the pages' gradients
+        keep = inside.view(-1, 1, 1)
+        k, v = torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
+    return k, v
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
@@ -695,11 +749,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     q: (total_q, heads_q, head_dim), k, v: (total_k, heads_kv, head_dim); cu_seqlens_q/k: int32 (batch + 1)
     prefix sums starting at 0, on q's device; max_seqlen_q/k: ints >= every sequence's length.
-    Other arguments as flash_attn_func; block_table (paged KV) is not supported.
+    block_table: int32 (batch, max_pages) on q's device for a paged cache, k, v then (num_pages, page_size,
+    heads_kv, head_dim) (any page size): key j of sequence b is row j % page_size of page block_table[b, j //
+    page_size], its length cu_seqlens_k[b + 1] - cu_seqlens_k[b] (flash-attn's rule). The pages are gathered
+    into a packed copy (batch * max_seqlen_k rows, index_select: differentiable, graph-capturable) that the
+    varlen kernels read; the copy costs one read and write of the attended keys and values. Entries past a
+    sequence's pages are not read; CUDA trusts the others (FLASHATTN_DEBUG=1 checks them, synchronising), CPU
+    checks them.
+    Other arguments as flash_attn_func.
     Returns out (total_q, heads_q, head_dim), or (out, softmax_lse (heads_q, total_q) float32, None).
     """
     if block_table is not None:
-        raise NotImplementedError("block_table (paged KV cache) is not supported by flashattn yet")
+        k, v = _gather_pages(q, k, v, block_table, cu_seqlens_k, max_seqlen_k)
     fwd = _eager_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                         causal, window_size, softcap, alibi_slopes)
     if fwd is not None:

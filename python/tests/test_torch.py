@@ -354,6 +354,80 @@ def test_varlen_matches_dense(device):
     assert max_err(dense.flatten(0, 1), packed) <= 1e-2
 
 
+def _paged_copy(k, cu_k, page_size, num_pages, perm):
+    """k (total_k, h, d) scattered into num_pages pages (sequence b's page i is perm[next free]), the table."""
+    lens = (cu_k[1:] - cu_k[:-1]).tolist()
+    max_pages = max(1, max((n + page_size - 1) // page_size for n in lens))
+    pages = torch.full((num_pages, page_size) + tuple(k.shape[1:]), float("nan"), dtype=k.dtype, device=k.device)
+    table = torch.full((len(lens), max_pages), -1, dtype=torch.int32)  # unused entries: not pages
+    nxt = 0
+    for b, n in enumerate(lens):
+        for i in range((n + page_size - 1) // page_size):
+            page = int(perm[nxt])
+            nxt += 1
+            rows = k[cu_k[b] + i * page_size: cu_k[b] + min(n, (i + 1) * page_size)]
+            pages[page, : rows.shape[0]] = rows
+            table[b, i] = page
+    return pages, table.to(k.device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page_size", [1, 16, 48])
+def test_varlen_paged_kv(device, page_size):
+    lens_q, lens_k = [5, 1, 33, 20], [70, 40, 0, 33]
+    hq, hkv, d = 4, 2, 64
+    dtype = _dtypes(device)[-1]
+    g = torch.Generator().manual_seed(5)
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=device)
+    q = torch.randn(sum(lens_q), hq, d, generator=g).to(device, dtype)
+    k = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
+    v = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
+    num_pages = sum((n + page_size - 1) // page_size for n in lens_k) + 3  # spare pages hold NaN
+    perm = torch.randperm(num_pages, generator=g)
+    k_pages, table = _paged_copy(k, cu_k, page_size, num_pages, perm)
+    v_pages, _ = _paged_copy(v, cu_k, page_size, num_pages, perm)
+    for causal in (False, True):
+        args = dict(causal=causal, window_size=(30, -1), return_attn_probs=True)
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), **args)
+        out_p, lse_p, _ = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                 block_table=table, **args)
+        assert torch.equal(out, out_p) and torch.equal(lse, lse_p), (max_err(out, out_p), causal)
+    # gradients reach q and the pages through the gather: the same values as the contiguous tensors'
+    dout = torch.randn(sum(lens_q), hq, d, generator=g).to(device, dtype)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    flash_attn_varlen_func(qg, kg, vg, cu_q, cu_k, max(lens_q), max(lens_k), causal=True).backward(dout)
+    qp, kp, vp = (t.clone().requires_grad_() for t in (q, k_pages, v_pages))
+    flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                           block_table=table).backward(dout)
+    dk_pages, _ = _paged_copy(kg.grad, cu_k, page_size, num_pages, perm)
+    dv_pages, _ = _paged_copy(vg.grad, cu_k, page_size, num_pages, perm)
+    used = ~torch.isnan(dk_pages)
+    assert torch.equal(qg.grad, qp.grad)
+    assert torch.equal(kp.grad[used], dk_pages[used]) and torch.equal(vp.grad[used], dv_pages[used])
+    assert (kp.grad[~used] == 0).all() and (vp.grad[~used] == 0).all()
+
+
+def test_varlen_paged_kv_refuses():
+    cu = torch.tensor([0, 10, 30], dtype=torch.int32)
+    q = torch.randn(30, 2, 32)
+    pages = torch.randn(6, 8, 2, 32)
+    table = torch.tensor([[0, 1, -1, -1], [2, 3, 4, -1]], dtype=torch.int32)
+    flash_attn_varlen_func(q, pages, pages, cu, cu, 20, 20, block_table=table)  # valid
+    bad = table.clone()
+    bad[1, 2] = 6
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[2\] = 6"):
+        flash_attn_varlen_func(q, pages, pages, cu, cu, 20, 20, block_table=bad)
+    with pytest.raises(TypeError, match="block_table must be an int32"):
+        flash_attn_varlen_func(q, pages, pages, cu, cu, 20, 20, block_table=table.long())
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        flash_attn_varlen_func(q, pages, pages, cu, cu, 20, 33, block_table=table)
+    with pytest.raises(ValueError, match="block_table has 1 rows"):
+        flash_attn_varlen_func(q, pages, pages, cu, cu, 20, 20, block_table=table[:1])
+    with pytest.raises(ValueError, match="num_pages, page_size"):
+        flash_attn_varlen_func(q, pages[0], pages[0], cu, cu, 20, 20, block_table=table)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # CUDA specifics
 # ---------------------------------------------------------------------------------------------------------
@@ -403,13 +477,22 @@ def test_cuda_graph_forward_replays_new_inputs(shape):
 
 
 @needs_cuda
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("varlen", [False, True, "paged"], ids=["dense", "varlen", "paged"])
 def test_cuda_graph_forward_backward(varlen):
     """Forward and backward captured in one graph (gradients by torch.autograd.grad), replayed with new inputs
     and new output gradients, equal eager calls."""
     lens = [300, 1, 700, 0, 513]
     total, hq, hkv, d = sum(lens), 8, 2, 128
-    if varlen:
+    if varlen == "paged":  # keys and values in 16-row pages, the table a permutation
+        q = torch.randn(total, hq, d, device="cuda", dtype=torch.float16, requires_grad=True)
+        k, v = (torch.randn(220, 16, hkv, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(2))
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
+        table = torch.randperm(220, generator=torch.Generator().manual_seed(1)).view(5, 44)
+        table = table.to("cuda", torch.int32)
+
+        def attention(q, k, v):
+            return flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, block_table=table)
+    elif varlen:
         q = torch.randn(total, hq, d, device="cuda", dtype=torch.float16, requires_grad=True)
         k, v = (torch.randn(total, hkv, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(2))
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
@@ -753,9 +836,6 @@ def test_unsupported_arguments_raise():
     q, k, v = _qkv()
     with pytest.raises(NotImplementedError, match="dropout_p"):
         flash_attn_func(q, k, v, dropout_p=0.1)
-    cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, block_table=torch.zeros(1, 1, dtype=torch.int32))
 
 
 def test_bad_inputs_name_the_argument():
