@@ -101,10 +101,11 @@ void vf_config_init(vf_config *c) {
     c->q_amplitude = 1.0;
     c->pad_value = NAN;
     c->seed = 1;
+    c->out_dtype = FA_BF16;
 }
 
 static const char *dtype_name(fa_dtype t) {
-    return t == FA_F16 ? "f16" : t == FA_BF16 ? "bf16" : "f32";
+    return t == FA_F16 ? "f16" : t == FA_BF16 ? "bf16" : t == FA_E4M3 ? "e4m3" : "f32";
 }
 
 void vf_config_describe(const vf_config *c, char *buf, size_t size) {
@@ -115,6 +116,11 @@ void vf_config_describe(const vf_config *c, char *buf, size_t size) {
     do {                                                                                       \
         if (n >= 0 && (size_t)n < size) n += snprintf(buf + n, size - (size_t)n, __VA_ARGS__); \
     } while (0)
+    if (c->dtype == FA_E4M3) {
+        VF_APPEND("->%s", dtype_name(c->out_dtype));
+        if (c->no_descale) VF_APPEND(" no-descale");
+        else if (c->descale_block > 0) VF_APPEND(" descale/%d", c->descale_block);
+    }
     if (c->causal) VF_APPEND(" causal");
     if (c->window_left >= 0 || c->window_right >= 0) VF_APPEND(" win=%d,%d", c->window_left, c->window_right);
     if (c->softcap > 0) VF_APPEND(" cap=%g", (double)c->softcap);
@@ -196,9 +202,12 @@ static int64_t layout_strides(vf_layout layout, int varlen, int64_t batch, int64
 #define POISON_F32  0x7fe5a5a5u
 #define POISON_F16  0x7ea5u
 #define POISON_BF16 0x7fe5u
+#define POISON_E4M3 0x7fu /* e4m3's only NaN: no output is e4m3, inputs are only filled */
 
 static void fill_bits(void *base, fa_dtype t, int64_t n, float value, int poison) {
-    if (t == FA_F32) {
+    if (t == FA_E4M3) {
+        memset(base, poison ? POISON_E4M3 : fa_f32_to_e4m3(value), (size_t)n);
+    } else if (t == FA_F32) {
         uint32_t bits = poison ? POISON_F32 : fa_f32_to_bits(value), *p = base;
         for (int64_t i = 0; i < n; i++) p[i] = bits;
     } else {
@@ -210,12 +219,13 @@ static void fill_bits(void *base, fa_dtype t, int64_t n, float value, int poison
 }
 
 static int is_poison(const void *base, fa_dtype t, int64_t i) {
+    if (t == FA_E4M3) return ((const uint8_t *)base)[i] == POISON_E4M3;
     if (t == FA_F32) return ((const uint32_t *)base)[i] == POISON_F32;
     return ((const uint16_t *)base)[i] == (t == FA_F16 ? POISON_F16 : POISON_BF16);
 }
 
 static size_t tensor_bytes(const vf_problem *pr, const vf_tensor *t) {
-    return (size_t)t->elems * fa_dtype_size(pr->cfg.dtype);
+    return (size_t)t->elems * fa_dtype_size(t->dtype);
 }
 
 #define FILL_BLOCK_ROWS 64
@@ -229,7 +239,43 @@ static double key_position(const vf_problem *pr, int64_t tok) {
     return len > 0 ? (double)(tok - pr->cu_k[b]) / (double)len : 0.0;
 }
 
-/* Random values in every row of the problem; `amplitude` scales them (and, for keys, k_ramp along the sequence). */
+/* The batch entry and row in it of packed row `row` (token * heads + head) of t. */
+static void row_place(const vf_problem *pr, const vf_tensor *t, int64_t row, int64_t *b, int64_t *r, int64_t *h) {
+    const int64_t tok = row / t->heads;
+    *h = row % t->heads;
+    if (!pr->cfg.varlen) {
+        *b = tok / t->tokens;
+        *r = tok % t->tokens;
+        return;
+    }
+    const int32_t *cu = t->query ? pr->cu_q : pr->cu_k;
+    int64_t lo = 0;
+    while (lo + 1 < pr->cfg.batch && cu[lo + 1] <= tok) lo++;
+    *b = lo;
+    *r = tok - cu[lo];
+}
+
+/* The descale of row r of head h of batch entry b of t (1 unless t is an e4m3 q, k or v), from the header's
+ * layout, independently of the library's indexing. */
+static double descale_of(const vf_problem *pr, const vf_tensor *t, int64_t b, int64_t h, int64_t r) {
+    if (t->dtype != FA_E4M3 || !t->which) return 1.0;
+    const float *d = t->which == 'q' ? pr->p.q_descale : t->which == 'k' ? pr->p.k_descale : pr->p.v_descale;
+    if (!d) return 1.0;
+    const int64_t block = pr->cfg.descale_block, len = t->query ? pr->p.seqlen_q : pr->p.seqlen_k;
+    const int64_t blocks = block > 0 ? (len + block - 1) / block : 1;
+    return d[(b * t->heads + h) * blocks + (block > 0 ? r / block : 0)];
+}
+
+/* The descale of packed row `row` of t. */
+static double row_descale(const vf_problem *pr, const vf_tensor *t, int64_t row) {
+    if (t->dtype != FA_E4M3 || !t->which) return 1.0;
+    int64_t b, r, h;
+    row_place(pr, t, row, &b, &r, &h);
+    return descale_of(pr, t, b, h, r);
+}
+
+/* Random values in every row of the problem; `amplitude` scales them (and, for keys, k_ramp along the sequence).
+ * e4m3 tensors store value / descale, rounded. */
 static void fill_random(vf_problem *pr, vf_tensor *t, uint64_t stream, double amplitude) {
     const int64_t nrows = valid_rows(pr, t), d = pr->cfg.head_dim,
                   nblocks = (nrows + FILL_BLOCK_ROWS - 1) / FILL_BLOCK_ROWS;
@@ -242,7 +288,8 @@ static void fill_random(vf_problem *pr, vf_tensor *t, uint64_t stream, double am
             blk * FILL_BLOCK_ROWS + FILL_BLOCK_ROWS < nrows ? blk * FILL_BLOCK_ROWS + FILL_BLOCK_ROWS : nrows;
         for (int64_t row = blk * FILL_BLOCK_ROWS; row < end; row++) {
             const int64_t off = row_offset(pr, t, row);
-            double amp = amplitude;
+            const double inv_descale = 1.0 / row_descale(pr, t, row);
+            double amp = amplitude * inv_descale;
             if (!t->query && pr->cfg.k_ramp != 0.0) amp *= 1.0 + pr->cfg.k_ramp * key_position(pr, row / t->heads);
             for (int64_t c = 0; c < d; c += 2) {
                 double a, b;
@@ -255,8 +302,8 @@ static void fill_random(vf_problem *pr, vf_tensor *t, uint64_t stream, double am
                     a = r * cos(th);
                     b = r * sin(th);
                 }
-                fa_store(t->host, pr->cfg.dtype, off + c, (float)(amp * a));
-                if (c + 1 < d) fa_store(t->host, pr->cfg.dtype, off + c + 1, (float)(amp * b));
+                fa_store(t->host, t->dtype, off + c, (float)(amp * a));
+                if (c + 1 < d) fa_store(t->host, t->dtype, off + c + 1, (float)(amp * b));
             }
         }
     }
@@ -265,7 +312,7 @@ static void fill_random(vf_problem *pr, vf_tensor *t, uint64_t stream, double am
 static void set_padding(vf_problem *pr, vf_tensor *t, float value) {
     unsigned char *cls = element_classes(pr, t);
     if (!cls) return;
-    const fa_dtype dt = pr->cfg.dtype;
+    const fa_dtype dt = t->dtype;
     for (int64_t i = 0; i < t->elems; i++)
         if (cls[i] != 1) fill_bits((char *)t->host + (size_t)i * fa_dtype_size(dt), dt, 1, value, 0);
     free(cls);
@@ -277,14 +324,13 @@ void vf_set_padding(vf_problem *pr, float value) {
 }
 
 void vf_poison_outputs(vf_problem *pr, int backward) {
-    const fa_dtype dt = pr->cfg.dtype;
     if (!backward) {
-        fill_bits(pr->o.host, dt, pr->o.elems, 0, 1);
+        fill_bits(pr->o.host, pr->o.dtype, pr->o.elems, 0, 1);
         fill_bits(pr->lse, FA_F32, pr->lse_elems, 0, 1);
     } else {
-        fill_bits(pr->dq.host, dt, pr->dq.elems, 0, 1);
-        fill_bits(pr->dk.host, dt, pr->dk.elems, 0, 1);
-        fill_bits(pr->dv.host, dt, pr->dv.elems, 0, 1);
+        fill_bits(pr->dq.host, pr->dq.dtype, pr->dq.elems, 0, 1);
+        fill_bits(pr->dk.host, pr->dk.dtype, pr->dk.elems, 0, 1);
+        fill_bits(pr->dv.host, pr->dv.dtype, pr->dv.elems, 0, 1);
     }
 }
 
@@ -308,9 +354,12 @@ static void make_lengths(const vf_config *c, int32_t *cu_q, int32_t *cu_k) {
     }
 }
 
-static fa_status alloc_tensor(vf_problem *pr, vf_tensor *t, int query, vf_layout layout) {
+static fa_status alloc_tensor(vf_problem *pr, vf_tensor *t, int query, int which, fa_dtype dtype,
+                              vf_layout layout) {
     const vf_config *c = &pr->cfg;
     t->query = query;
+    t->which = which;
+    t->dtype = dtype;
     t->heads = query ? c->heads_q : c->heads_kv;
     t->tokens = c->varlen ? (query ? pr->p.total_q : pr->p.total_k) : (query ? c->seqlen_q : c->seqlen_k);
     t->elems = layout_strides(layout, c->varlen, c->batch, t->tokens, t->heads, c->head_dim, &t->view);
@@ -330,6 +379,27 @@ static void fill_slopes(vf_problem *pr) {
         if (c->alibi == VF_ALIBI_BATCH_HEADS) s *= 0.5 + vf_rng_uniform(&rng);
         pr->slopes[x] = (float)s;
     }
+}
+
+/* Descales of an e4m3 problem: per (batch entry, head, block) a random factor in [0.75, 1.25] x amplitude / 32,
+ * so that N(0, amplitude) values divided by it use e4m3's range and stay below 448 (|x| < 10 sigma). */
+static fa_status make_descales(vf_problem *pr) {
+    const vf_config *c = &pr->cfg;
+    fa_params *p = &pr->p;
+    const float **slot[3] = { &p->q_descale, &p->k_descale, &p->v_descale };
+    for (int t = 0; t < 3; t++) {
+        const int64_t len = t == 0 ? p->seqlen_q : p->seqlen_k, heads = t == 0 ? c->heads_q : c->heads_kv;
+        const int64_t blocks = c->descale_block > 0 ? (len + c->descale_block - 1) / c->descale_block : 1;
+        const int64_t n = (int64_t)c->batch * heads * blocks;
+        pr->descale[t] = malloc(sizeof(float) * (size_t)(n + 1));
+        if (!pr->descale[t]) return FA_ERR_OUT_OF_MEMORY;
+        vf_rng rng;
+        vf_rng_seed(&rng, stream_seed(c->seed, 104 + (uint64_t)t, 0));
+        const double amp = t == 0 ? c->q_amplitude : 1.0;
+        for (int64_t i = 0; i < n; i++) pr->descale[t][i] = (float)(amp / 32.0 * (0.75 + 0.5 * vf_rng_uniform(&rng)));
+        *slot[t] = pr->descale[t];
+    }
+    return FA_OK;
 }
 
 fa_status vf_problem_create(vf_problem *pr, const vf_config *cfg) {
@@ -382,10 +452,17 @@ fa_status vf_problem_create(vf_problem *pr, const vf_config *cfg) {
     vf_rng layout_rng;
     vf_rng_seed(&layout_rng, stream_seed(c->seed, 103, 0));
     vf_tensor *tensors[8] = { &pr->q, &pr->k, &pr->v, &pr->o, &pr->dout, &pr->dq, &pr->dk, &pr->dv };
-    const int query[8] = { 1, 0, 0, 1, 1, 1, 0, 0 };
+    const int query[8] = { 1, 0, 0, 1, 1, 1, 0, 0 }, which[8] = { 'q', 'k', 'v', 0, 0, 0, 0, 0 };
+    const int fp8 = c->dtype == FA_E4M3;
     for (int i = 0; i < 8; i++) {
         vf_layout layout = c->layout == VF_LAYOUT_MIXED ? (vf_layout)vf_rng_range(&layout_rng, 0, 2) : c->layout;
-        if (alloc_tensor(pr, tensors[i], query[i], layout) != FA_OK) goto oom;
+        const fa_dtype dt = fp8 && i >= 3 ? c->out_dtype : c->dtype; /* no FP8 backward: its tensors as o */
+        if (alloc_tensor(pr, tensors[i], query[i], which[i], dt, layout) != FA_OK) goto oom;
+    }
+    if (fp8) {
+        p->out_dtype = c->out_dtype;
+        p->descale_block_q = p->descale_block_k = c->descale_block;
+        if (!c->no_descale && make_descales(pr) != FA_OK) goto oom;
     }
     pr->lse_elems = c->varlen ? (int64_t)c->heads_q * p->total_q : (int64_t)c->batch * c->heads_q * c->seqlen_q;
     pr->lse = malloc(sizeof(float) * (size_t)(pr->lse_elems + 1));
@@ -412,7 +489,7 @@ fa_status vf_problem_create(vf_problem *pr, const vf_config *cfg) {
 
     vf_tensor *inputs[4] = { &pr->q, &pr->k, &pr->v, &pr->dout };
     for (int i = 0; i < 4; i++) {
-        fill_bits(inputs[i]->host, c->dtype, inputs[i]->elems, c->pad_value, 0);
+        fill_bits(inputs[i]->host, inputs[i]->dtype, inputs[i]->elems, c->pad_value, 0);
         fill_random(pr, inputs[i], (uint64_t)i + 1, i == 0 ? c->q_amplitude : 1.0);
     }
     vf_poison_outputs(pr, 0);
@@ -437,6 +514,7 @@ void vf_problem_destroy(vf_problem *pr) {
     free(pr->cu_q);
     free(pr->cu_k);
     free(pr->slopes);
+    for (int i = 0; i < 3; i++) free(pr->descale[i]);
     expected_free(pr->expect);
     char error[sizeof pr->error];
     memcpy(error, pr->error, sizeof error);
@@ -726,7 +804,7 @@ static void check_tensor_written(const vf_problem *pr, const vf_tensor *t, int64
     unsigned char *cls = element_classes(pr, t);
     if (!cls) return;
     for (int64_t i = 0; i < t->elems; i++) {
-        int poison = is_poison(t->host, pr->cfg.dtype, i);
+        int poison = is_poison(t->host, t->dtype, i);
         if (cls[i] == 1 && poison) (*unwritten)++;
         if (cls[i] == 0 && !poison) (*over)++;
     }
@@ -747,11 +825,11 @@ void vf_check_written(const vf_problem *pr, int backward, int64_t *unwritten, in
 }
 
 static size_t tensor_valid_bytes(const vf_problem *pr, const vf_tensor *t) {
-    return (size_t)(valid_rows(pr, t) * pr->cfg.head_dim) * fa_dtype_size(pr->cfg.dtype);
+    return (size_t)(valid_rows(pr, t) * pr->cfg.head_dim) * fa_dtype_size(t->dtype);
 }
 
 static unsigned char *save_tensor(const vf_problem *pr, const vf_tensor *t, unsigned char *buf) {
-    const size_t es = fa_dtype_size(pr->cfg.dtype), row_bytes = (size_t)pr->cfg.head_dim * es;
+    const size_t es = fa_dtype_size(t->dtype), row_bytes = (size_t)pr->cfg.head_dim * es;
     const int64_t n = valid_rows(pr, t);
     for (int64_t row = 0; row < n; row++, buf += row_bytes)
         memcpy(buf, (const char *)t->host + (size_t)row_offset(pr, t, row) * es, row_bytes);
@@ -822,7 +900,8 @@ static void gather_f64(const vf_problem *pr, const vf_tensor *t, double *out) {
     memset(out, 0, packed_elems(pr, t) * sizeof(double));
     for (int64_t row = 0; row < n; row++) {
         const int64_t off = row_offset(pr, t, row);
-        for (int64_t c = 0; c < d; c++) out[row * d + c] = fa_load(t->host, pr->cfg.dtype, off + c);
+        const double ds = row_descale(pr, t, row);
+        for (int64_t c = 0; c < d; c++) out[row * d + c] = fa_load(t->host, t->dtype, off + c) * ds;
     }
 }
 
@@ -831,7 +910,8 @@ static void gather_f32(const vf_problem *pr, const vf_tensor *t, float *out) {
     memset(out, 0, packed_elems(pr, t) * sizeof(float));
     for (int64_t row = 0; row < n; row++) {
         const int64_t off = row_offset(pr, t, row);
-        for (int64_t c = 0; c < d; c++) out[row * d + c] = fa_load(t->host, pr->cfg.dtype, off + c);
+        const float ds = (float)row_descale(pr, t, row);
+        for (int64_t c = 0; c < d; c++) out[row * d + c] = fa_load(t->host, t->dtype, off + c) * ds;
     }
 }
 
@@ -896,9 +976,7 @@ static void reference_run(const fa_params *rp, int backward, const double *q, co
 }
 
 static inline float round_to(fa_dtype t, float x) {
-    if (t == FA_F16) return fa_f16_to_f32(fa_f32_to_f16(x));
-    if (t == FA_BF16) return fa_bf16_to_f32(fa_f32_to_bf16(x));
-    return x;
+    return fa_round_dtype(t, x);
 }
 
 /*
@@ -979,7 +1057,7 @@ static void naive_fwd(const fa_params *rp, const float *q, const float *k, const
                     for (int64_t c = 0; c < d; c++) acc[c] += prob[j] * vj[c], macc[c] += prob[j] * fabsf(vj[c]);
                 }
                 const int64_t row = ((s.tok_q + i) * rp->heads_q + h) * d;
-                for (int64_t c = 0; c < d; c++) o[row + c] = round_to(rp->dtype, acc[c]), mag[row + c] = macc[c];
+                for (int64_t c = 0; c < d; c++) o[row + c] = round_to(fa_out_dtype(rp), acc[c]), mag[row + c] = macc[c];
                 lse[fa_lse_index(rp, b, sl.tok_q, i, h)] = l;
             }
             free(prob);
@@ -1140,7 +1218,8 @@ done:
  *     floor = (e + 2^-23 * L) * max_elements(sum of |terms| of the element)
  *     L     = max|LSE| + scale * max_i |Q_i| * max_j |K_j|        (Euclidean norms of the rows)
  *
- * e is the dtype's unit roundoff for the 16-bit types, 2^-8 for bf16 and 2^-11 for f16: FlashAttention rounds the
+ * e is the dtype's unit roundoff for the 16-bit types and e4m3, 2^-8 for bf16, 2^-11 for f16 and 2^-4 for e4m3
+ * inputs (whose P is rounded to e4m3 in the naive computation, as an FP8 kernel does): FlashAttention rounds the
  * unnormalised probabilities exp(S - m) to the dtype before P V, the naive implementation the normalised ones, so
  * each term's rounding error (up to e relative) differs between the two; on a problem of a few keys the naive
  * roundings can all happen to be near exact (bf16 2 x 2: naive 3.9e-4, FlashAttention 1.6e-3 from one P rounded
@@ -1160,7 +1239,7 @@ double vf_tolerance(fa_dtype dtype, vf_output which, double naive_err, double ma
     if (which == VF_LSE) {
         f = 0x1p-18 * (logit_scale > 1.0 ? logit_scale : 1.0);
     } else {
-        const double e = dtype == FA_BF16 ? 0x1p-8 : dtype == FA_F16 ? 0x1p-11 : 0x1p-20;
+        const double e = dtype == FA_E4M3 ? 0x1p-4 : dtype == FA_BF16 ? 0x1p-8 : dtype == FA_F16 ? 0x1p-11 : 0x1p-20;
         f = (e + 0x1p-23 * logit_scale) * magnitude;
     }
     if (floor) *floor = f;
@@ -1216,7 +1295,7 @@ static void compare_tensor(const vf_problem *pr, const vf_tensor *t, const doubl
     for (int64_t row = 0; row < n; row++) {
         const int64_t off = row_offset(pr, t, row);
         for (int64_t c = 0; c < d; c++)
-            acc_add(a, fa_load(t->host, pr->cfg.dtype, off + c), naive[row * d + c], ref[row * d + c],
+            acc_add(a, fa_load(t->host, t->dtype, off + c), naive[row * d + c], ref[row * d + c],
                     mag[row * d + c]);
     }
 }
@@ -1230,9 +1309,10 @@ static double score_magnitude(const vf_problem *pr) {
         const int64_t n = valid_rows(pr, t[i]);
         for (int64_t row = 0; row < n; row++) {
             const int64_t off = row_offset(pr, t[i], row);
+            const double ds = row_descale(pr, t[i], row);
             double s = 0.0;
             for (int64_t c = 0; c < d; c++) {
-                const double x = fa_load(t[i]->host, pr->cfg.dtype, off + c);
+                const double x = fa_load(t[i]->host, t[i]->dtype, off + c) * ds;
                 s += x * x;
             }
             m[i] = s > m[i] ? s : m[i];
@@ -1280,7 +1360,8 @@ typedef struct row_ctx {
 } row_ctx;
 
 static double load(const vf_problem *pr, const vf_tensor *t, int64_t b, int64_t tok, int64_t r, int64_t h, int64_t c) {
-    return fa_load(t->host, pr->cfg.dtype, fa_offset(&pr->p, &t->view, b, tok, r, h) + c);
+    const double ds = descale_of(pr, t, b, h, r);
+    return fa_load(t->host, t->dtype, fa_offset(&pr->p, &t->view, b, tok, r, h) + c) * ds;
 }
 
 /* Scores of query row i against every key of its sequence, fp64 (naive = 0) or fp32 (naive = 1); masked
@@ -1369,7 +1450,8 @@ static void check_query_row(const row_ctx *x, int backward, double *buf, row_err
         }
     }
     for (int64_t c = 0; c < d; c++)
-        acc_add(&out->e[VF_O], load(pr, &pr->o, b, tq, i, h, c), round_to(dt, (float)no[c]), o[c], mo[c]);
+        acc_add(&out->e[VF_O], load(pr, &pr->o, b, tq, i, h, c), round_to(fa_out_dtype(rp), (float)no[c]), o[c],
+                mo[c]);
     acc_add(&out->e[VF_LSE], pr->lse[fa_lse_index(&pr->p, b, tq, i, h)], nlse, lse, 0.0);
     if (isfinite(lse) && fabs(lse) > out->max_lse) out->max_lse = fabs(lse);
     if (!backward) return;

@@ -59,6 +59,13 @@ typedef struct vf_config {
     vf_alibi alibi;
     int32_t deterministic;
 
+    /* FA_E4M3 inputs: o's dtype (default FA_BF16); q, k, v hold values / descale rounded to e4m3, with a
+     * descale per (batch entry, head, descale_block rows; 0 = the whole sequence), chosen so the values use
+     * e4m3's range; no_descale leaves the descales NULL (values rounded to e4m3 as they are). */
+    fa_dtype out_dtype;
+    int32_t descale_block;
+    int no_descale;
+
     /* Varlen: random lengths in [0, seqlen] per sequence; with edge_lengths the first sequences get the
      * lengths (q, k) = (0, n), (n, 0), (1, n), (n, 1), (1, 1) while at least one random one remains.
      * lens_q / lens_k, when set, give the lengths explicitly (batch entries each). extra_tokens rows follow
@@ -93,6 +100,8 @@ typedef struct vf_tensor {
     int64_t tokens; /* dense: seqlen per batch entry; varlen: rows of the packed tensor */
     int32_t heads;
     int query;      /* 1 for q/o/dout/dq (heads_q, seqlen_q), 0 for k/v/dk/dv */
+    fa_dtype dtype; /* of its elements: the problem's, o's out_dtype for FA_E4M3 inputs */
+    int which;      /* 'q', 'k', 'v' (the descales that apply to e4m3 elements), 0 for the others */
     fa_tensor view; /* host view; data = host */
 } vf_tensor;
 
@@ -105,6 +114,7 @@ typedef struct vf_problem {
     int on_device;
 
     vf_tensor q, k, v, o, dout, dq, dk, dv;
+    float *descale[3]; /* q, k, v descales of FA_E4M3 problems (NULL otherwise) */
     float *lse, *d_lse;
     int64_t lse_elems;
     int32_t *cu_q, *cu_k, *d_cu_q, *d_cu_k; /* host / device, batch + 1 each (varlen only) */

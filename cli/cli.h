@@ -48,6 +48,7 @@ typedef struct cli_options {
     /* check --decode: the KV cache call (seqlen_k is the cache's rows per sequence) */
     int decode, leftpad, rotary_halves;
     int32_t seqlen_new, page_size, rotary_dim;
+    int32_t descale_block; /* --dtype e4m3: rows per descale (0: one per batch entry and head) */
 } cli_options;
 
 /* The backend "auto" stands for: CUDA when built and a GPU is present, else the CPU. */

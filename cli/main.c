@@ -39,7 +39,9 @@ static const char usage[] =
     "\n"
     "options:\n"
     "  --backend B[,B...]      auto|cpu|cuda|naive|reference (auto: cuda with a GPU, else cpu); bench takes a list\n"
-    "  --dtype T               f32|f16|bf16\n"
+    "  --dtype T               f32|f16|bf16|e4m3 (e4m3: float8 q, k, v with descales, bf16 o; forward only,\n"
+    "                          cpu and reference backends)\n"
+    "  --descale-block N       e4m3: one descale per N rows of a sequence (default 0: one per batch entry and head)\n"
     "  --batch B  --heads H  --heads-kv HK  --head-dim D\n"
     "  --seqlen-q N  --seqlen-k M   (--seqlen N sets both; seqlen-k defaults to seqlen-q)\n"
     "  --causal | --no-causal  bottom-right causal mask\n"
@@ -110,7 +112,7 @@ const char *cli_backend_name(fa_backend b) {
 }
 
 const char *cli_dtype_name(fa_dtype t) {
-    return t == FA_F16 ? "f16" : t == FA_BF16 ? "bf16" : "f32";
+    return t == FA_F16 ? "f16" : t == FA_BF16 ? "bf16" : t == FA_E4M3 ? "e4m3" : "f32";
 }
 
 int cli_exit_code(fa_status st) {
@@ -142,6 +144,7 @@ static const struct {
     { "cu_seqlens", "--varlen" },
     { "total_", "--varlen" },
     { "dtype", "--dtype" },
+    { "descale_block", "--descale-block" },
     { "rotary_dim", "--rotary-dim" },
     { "page_size", "--page-size" },
     { "num_threads", "--threads" },
@@ -182,6 +185,7 @@ void cli_config(const cli_options *o, vf_config *c) {
     c->varlen = o->varlen;
     c->seed = o->seed;
     c->layout = (vf_layout)o->layout;
+    c->descale_block = o->descale_block;
 }
 
 fa_exec cli_exec(const cli_options *o, fa_backend b) {
@@ -207,6 +211,7 @@ int cli_make_problem(const cli_options *o, fa_backend b, int backward, vf_proble
     p.softmax_scale = c.scale;
     p.causal = c.causal, p.window_left = c.window_left, p.window_right = c.window_right, p.softcap = c.softcap;
     p.deterministic = c.deterministic;
+    p.descale_block_q = p.descale_block_k = c.descale_block;
     fa_tensor *views[8] = { &p.q, &p.k, &p.v, &p.o, &p.dout, &p.dq, &p.dk, &p.dv };
     for (int i = 0; i < 8; i++) {
         const int query = i == 0 || i == 3 || i == 4 || i == 5;
@@ -382,6 +387,7 @@ static const option_spec option_specs[] = {
     OPT("--new", 'i', seqlen_new, 0, INT32_MAX),
     OPT("--page-size", 'i', page_size, 0, INT32_MAX),
     OPT("--rotary-dim", 'i', rotary_dim, 0, 256),
+    OPT("--descale-block", 'i', descale_block, 0, INT32_MAX),
     OPT("--batch", 'i', batch, 1, INT32_MAX),
     OPT("--seqlen-q", 'i', seqlen_q, 1, INT32_MAX),
     OPT("--seqlen-k", 'i', seqlen_k, 1, INT32_MAX),
@@ -414,12 +420,12 @@ static void parse_special(cli_options *o, const char *n, const char *value) {
     if (!strcmp(n, "--backend")) {
         parse_backends(o, n, value);
     } else if (!strcmp(n, "--dtype")) {
-        static const char *const names[3] = { "f32", "f16", "bf16" };
-        static const fa_dtype types[3] = { FA_F32, FA_F16, FA_BF16 };
+        static const char *const names[4] = { "f32", "f16", "bf16", "e4m3" };
+        static const fa_dtype types[4] = { FA_F32, FA_F16, FA_BF16, FA_E4M3 };
         o->dtype_given = 0;
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             if (!strcmp(value, names[i])) o->dtype = types[i], o->dtype_given = 1;
-        if (!o->dtype_given) bad_usage("%s: expected f32, f16 or bf16, got '%s'", n, value);
+        if (!o->dtype_given) bad_usage("%s: expected f32, f16, bf16 or e4m3, got '%s'", n, value);
     } else if (!strcmp(n, "--window")) {
         parse_window(o, n, value);
     } else if (!strcmp(n, "--kernel")) {

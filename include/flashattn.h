@@ -127,7 +127,11 @@ FA_API const char *fa_last_error(void);
 typedef enum fa_dtype {
     FA_F32  = 0, /* float */
     FA_F16  = 1, /* IEEE half, stored as uint16_t */
-    FA_BF16 = 2  /* bfloat16, stored as uint16_t */
+    FA_BF16 = 2, /* bfloat16, stored as uint16_t */
+    /* float8 e4m3 (OCP "e4m3fn": sign, 4 exponent bits of bias 7, 3 mantissa bits; no infinities, NaN =
+     * 0x7f / 0xff; largest finite 448, smallest subnormal 2^-9), stored as uint8_t. Inputs of the forward
+     * only: q, k and v are e4m3 with the fa_params descales, o is out_dtype (see fa_params). */
+    FA_E4M3 = 3
 } fa_dtype;
 
 typedef enum fa_backend {
@@ -199,6 +203,19 @@ typedef struct fa_params {
     float *lse;
 
     fa_tensor dout, dq, dk, dv; /* backward only */
+
+    /* FP8 forward (dtype FA_E4M3; the backward, the KV-cache call and the naive backend refuse it). o is
+     * out_dtype, FA_BF16 (fa_params_init's) or FA_F16; out_dtype is not read for the other dtypes.
+     * Element x of q row r (of its sequence), head h, batch entry b stands for the value
+     *     e4m3(x) * q_descale[(b * heads_q + h) * blocks_q + r / descale_block_q]
+     * and likewise k and v with heads_kv, blocks_k and descale_block_k. A descale block is that many rows of
+     * a sequence; 0 means one block, the whole sequence, so a descale per (batch entry, head): flash-attn's
+     * (batch, heads) descales. blocks_q = ceil(seqlen_q / descale_block_q) (1 when 0), blocks_k likewise with
+     * seqlen_k; in a varlen batch seqlen_q/k bound every sequence. fp32, contiguous; NULL means 1. The host
+     * backends refuse a NaN, Inf or negative descale. For the other dtypes the descales must be NULL. */
+    fa_dtype out_dtype;
+    const float *q_descale, *k_descale, *v_descale;
+    int32_t descale_block_q, descale_block_k;
 } fa_params;
 
 /* Where and how a call runs. NULL in place of an fa_exec means all defaults (zero-initialised). */

@@ -83,6 +83,7 @@ fa_status fa_params_init(fa_params *p, fa_dtype dtype, int32_t batch, int32_t se
     p->head_dim = head_dim;
     p->window_left = -1;
     p->window_right = -1;
+    p->out_dtype = FA_BF16;
     return FA_OK;
 }
 
@@ -322,19 +323,65 @@ static fa_status check_aligned(const void *ptr, size_t align, const char *name) 
     return FA_OK;
 }
 
+/* The FP8 fields: only with FA_E4M3 inputs, and only in a forward. */
+static fa_status check_fp8(const fa_params *p, int backward) {
+    if (p->dtype != FA_E4M3) {
+        const char *set = p->q_descale ? "q_descale" : p->k_descale ? "k_descale" : p->v_descale ? "v_descale" : NULL;
+        if (set) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s is set but dtype is not FA_E4M3", set);
+        return FA_OK;
+    }
+    if (backward)
+        return fa_fail(FA_ERR_UNSUPPORTED, "dtype FA_E4M3: the backward takes FA_F32, FA_F16 or FA_BF16 (FP8 is "
+                                           "forward only)");
+    if (p->out_dtype != FA_BF16 && p->out_dtype != FA_F16)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "out_dtype (%d) is not FA_BF16 or FA_F16 (the dtype of o for FA_E4M3 "
+                                                "inputs)", (int)p->out_dtype);
+    if (p->descale_block_q < 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "descale_block_q (%d) is negative", p->descale_block_q);
+    if (p->descale_block_k < 0)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "descale_block_k (%d) is negative", p->descale_block_k);
+    return FA_OK;
+}
+
+/* Descales of a problem's q (which = 'q') or k and v: batch * heads * blocks. */
+static int64_t descale_count(const fa_params *p, int which) {
+    const int64_t block = which == 'q' ? p->descale_block_q : p->descale_block_k;
+    const int64_t len = which == 'q' ? p->seqlen_q : p->seqlen_k;
+    const int64_t blocks = block > 0 ? (len + block - 1) / block : 1;
+    return (int64_t)p->batch * (which == 'q' ? p->heads_q : p->heads_kv) * blocks;
+}
+
+/* On the host backends, which read them here: every descale finite and >= 0. */
+static fa_status check_descale_values(const fa_params *p) {
+    const struct {
+        const float *d;
+        const char *name;
+        int which;
+    } all[] = { { p->q_descale, "q_descale", 'q' }, { p->k_descale, "k_descale", 'k' }, { p->v_descale, "v_descale", 'k' } };
+    for (size_t t = 0; t < 3; t++) {
+        if (!all[t].d) continue;
+        const int64_t n = descale_count(p, all[t].which);
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(all[t].d[i]) || all[t].d[i] < 0)
+                return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s[%lld] (%g) is not finite and >= 0", all[t].name,
+                               (long long)i, (double)all[t].d[i]);
+    }
+    return FA_OK;
+}
+
 /* Sizes, strides, alignment and overlap of every array of the call. An output may share no byte with another
  * output or with an input (the backends read inputs while writing outputs, in any order); inputs may share
  * memory with each other (q == k == v is fine). Spans are whole [first, last] byte ranges, so two views
  * interleaved in one buffer count as overlapping. */
 static fa_status check_memory(const fa_params *p, int backward) {
     const int varlen = p->cu_seqlens_q != NULL;
-    const int64_t es = (int64_t)fa_dtype_size(p->dtype), b = p->batch;
+    const int64_t es_in = (int64_t)fa_dtype_size(p->dtype), b = p->batch;
     const int64_t rows_q = varlen ? p->total_q : p->seqlen_q, rows_k = varlen ? p->total_k : p->seqlen_k;
     int64_t lse_n;
     if (__builtin_mul_overflow(varlen ? 1 : b, (int64_t)p->heads_q, &lse_n) ||
         __builtin_mul_overflow(lse_n, varlen ? p->total_q : p->seqlen_q, &lse_n))
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "lse: batch * heads_q * rows overflows int64");
-    span sp[12];
+    span sp[15];
     int n = 0;
     fa_status st;
     struct {
@@ -354,6 +401,7 @@ static fa_status check_memory(const fa_params *p, int backward) {
     };
     for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
         if (!views[i].used) continue;
+        const int64_t es = views[i].t == &p->o ? (int64_t)fa_dtype_size(fa_out_dtype(p)) : es_in;
         if ((uintptr_t)views[i].t->data % (size_t)es) { /* the name is formatted only for the message */
             char what[16];
             snprintf(what, sizeof what, "%s.data", views[i].name);
@@ -377,6 +425,18 @@ static fa_status check_memory(const fa_params *p, int backward) {
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_slopes: the last slope's index overflows int64");
         if ((st = flat_span(p->alibi_slopes, count, 4, "alibi_slopes", 0, &sp[n++]))) return st;
     }
+    const struct {
+        const float *d;
+        const char *name;
+        int which;
+    } descales[] = { { p->q_descale, "q_descale", 'q' }, { p->k_descale, "k_descale", 'k' },
+                     { p->v_descale, "v_descale", 'k' } };
+    for (size_t i = 0; i < 3; i++) {
+        if (!descales[i].d) continue;
+        if ((st = check_aligned(descales[i].d, 4, descales[i].name)) ||
+            (st = flat_span(descales[i].d, descale_count(p, descales[i].which), 4, descales[i].name, 0, &sp[n++])))
+            return st;
+    }
     if (varlen) {
         if ((st = check_aligned(p->cu_seqlens_q, 4, "cu_seqlens_q")) ||
             (st = check_aligned(p->cu_seqlens_k, 4, "cu_seqlens_k")))
@@ -398,8 +458,10 @@ static fa_status check_memory(const fa_params *p, int backward) {
  * Fills *r with the resolved copy that backends receive. */
 static fa_status validate(const fa_params *p, fa_backend backend, int backward, fa_params *r) {
     if (!p) return fa_fail(FA_ERR_INVALID_ARGUMENT, "params is NULL");
-    if (p->dtype != FA_F32 && p->dtype != FA_F16 && p->dtype != FA_BF16)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "dtype (%d) is not FA_F32, FA_F16 or FA_BF16", (int)p->dtype);
+    if (p->dtype != FA_F32 && p->dtype != FA_F16 && p->dtype != FA_BF16 && p->dtype != FA_E4M3)
+        return fa_fail(FA_ERR_INVALID_ARGUMENT, "dtype (%d) is not FA_F32, FA_F16, FA_BF16 or FA_E4M3", (int)p->dtype);
+    fa_status st;
+    if ((st = check_fp8(p, backward))) return st;
     const int varlen = p->cu_seqlens_q != NULL;
     if ((p->cu_seqlens_q == NULL) != (p->cu_seqlens_k == NULL))
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q and cu_seqlens_k must both be set or both be NULL");
@@ -445,7 +507,6 @@ static fa_status validate(const fa_params *p, fa_backend backend, int backward, 
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "deterministic (%d) is not 0 or 1", p->deterministic);
 
     const int64_t rows_q = varlen ? p->total_q : p->seqlen_q, rows_k = varlen ? p->total_k : p->seqlen_k;
-    fa_status st;
     if ((st = check_input(&p->q, "q", varlen)) || (st = check_input(&p->k, "k", varlen)) ||
         (st = check_input(&p->v, "v", varlen)))
         return st;
@@ -476,6 +537,8 @@ static fa_status validate(const fa_params *p, fa_backend backend, int backward, 
                                    (long long)(b * p->alibi_batch_stride + h), (double)sl);
             }
     }
+
+    if (p->dtype == FA_E4M3 && host_backend(backend) && (st = check_descale_values(p))) return st;
 
     *r = *p;
     if (r->softmax_scale == 0.0f) r->softmax_scale = 1.0f / sqrtf((float)p->head_dim);
@@ -538,6 +601,9 @@ static fa_status prepare(const fa_params *p, const fa_exec *exec, int backward, 
     fa_status st = resolve_exec(p, exec, x);
     if (st != FA_OK) return st;
     if ((st = validate(p, x->backend, backward, r)) != FA_OK) return st;
+    if (r->dtype == FA_E4M3 && !host_backend(x->backend))
+        return fa_fail(FA_ERR_UNSUPPORTED, "dtype FA_E4M3 runs on the cpu and reference backends; the %s backend has "
+                                           "no e4m3 kernel", x->backend == FA_BACKEND_CUDA ? "cuda" : "naive");
 #ifdef FA_WITH_CUDA
     if (x->backend == FA_BACKEND_CUDA) return fa_cuda_check(r, x, backward);
 #endif
@@ -737,6 +803,9 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
     if (st != FA_OK) return st;
     if (!p) return fa_fail(FA_ERR_INVALID_ARGUMENT, "params is NULL");
     if (!kv) return fa_fail(FA_ERR_INVALID_ARGUMENT, "kvcache is NULL");
+    if (p->dtype == FA_E4M3)
+        return fa_fail(FA_ERR_UNSUPPORTED, "dtype FA_E4M3: a decode call (fa_fwd_kvcache) takes FA_F32, FA_F16 or "
+                                           "FA_BF16");
     if (p->cu_seqlens_q || p->cu_seqlens_k)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q/k must be NULL in a decode call (fa_fwd_kvcache)");
     if ((p->k.data == NULL) != (p->v.data == NULL))

@@ -107,7 +107,23 @@ static inline float fa_alibi_slope(const fa_params *p, int64_t b, int64_t h) {
 }
 
 static inline size_t fa_dtype_size(fa_dtype t) {
-    return t == FA_F32 ? 4 : 2;
+    return t == FA_F32 ? 4 : t == FA_E4M3 ? 1 : 2;
+}
+
+/* The dtype of o: out_dtype for e4m3 inputs, else the inputs' dtype. */
+static inline fa_dtype fa_out_dtype(const fa_params *p) {
+    return p->dtype == FA_E4M3 ? p->out_dtype : p->dtype;
+}
+
+/* The descale of row r (of its sequence) of head h of batch entry b: which = 'q', 'k' or 'v' (1 without one). */
+static inline float fa_descale(const fa_params *p, int which, int64_t b, int64_t h, int64_t r) {
+    const float *d = which == 'q' ? p->q_descale : which == 'k' ? p->k_descale : p->v_descale;
+    if (!d) return 1.0f;
+    const int64_t block = which == 'q' ? p->descale_block_q : p->descale_block_k;
+    const int64_t len = which == 'q' ? p->seqlen_q : p->seqlen_k;
+    const int64_t heads = which == 'q' ? p->heads_q : p->heads_kv;
+    const int64_t blocks = block > 0 ? (len + block - 1) / block : 1;
+    return d[(b * heads + h) * blocks + (block > 0 ? r / block : 0)];
 }
 
 /* ---- host conversions between fp32 and the 16-bit formats (round to nearest even) ---- */
@@ -162,11 +178,34 @@ static inline uint16_t fa_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
+/* float8 e4m3 (OCP e4m3fn): value of a byte, and the byte nearest a float (ties to even), finite values
+ * beyond the largest (448) saturated to it, as CUDA's satfinite conversion; NaN to NaN (0x7f). */
+static inline float fa_e4m3_to_f32(uint8_t x) {
+    const uint32_t e = (x >> 3) & 15u, m = x & 7u, sign = (uint32_t)(x & 0x80u) << 24;
+    if (e == 15 && m == 7) return fa_bits_to_f32(sign | 0x7fc00000u);
+    if (e == 0) {
+        const float f = (float)m * 0x1p-9f;
+        return sign ? -f : f;
+    }
+    return fa_bits_to_f32(sign | ((e + 120u) << 23) | (m << 20));
+}
+static inline uint8_t fa_f32_to_e4m3(float f) {
+    const uint32_t u = fa_f32_to_bits(f), a = u & 0x7fffffffu;
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7f);
+    if (a >= 0x43e80000u) return (uint8_t)(sign | 0x7e); /* >= 464, the midpoint past 448: saturated */
+    if (a < 0x3c800000u)                                 /* below 2^-6: multiples of 2^-9 (8 of them is 2^-6) */
+        return (uint8_t)(sign | (uint8_t)nearbyintf(fa_bits_to_f32(a) * 512.0f));
+    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u); /* round the mantissa to 3 bits */
+    return (uint8_t)(sign | (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u));
+}
+
 /* Element idx of a tensor of the given dtype, as fp32 / stored from fp32. */
 static inline float fa_load(const void *base, fa_dtype t, int64_t idx) {
     switch (t) {
     case FA_F16: return fa_f16_to_f32(((const uint16_t *)base)[idx]);
     case FA_BF16: return fa_bf16_to_f32(((const uint16_t *)base)[idx]);
+    case FA_E4M3: return fa_e4m3_to_f32(((const uint8_t *)base)[idx]);
     default: return ((const float *)base)[idx];
     }
 }
@@ -174,6 +213,7 @@ static inline void fa_store(void *base, fa_dtype t, int64_t idx, float x) {
     switch (t) {
     case FA_F16: ((uint16_t *)base)[idx] = fa_f32_to_f16(x); break;
     case FA_BF16: ((uint16_t *)base)[idx] = fa_f32_to_bf16(x); break;
+    case FA_E4M3: ((uint8_t *)base)[idx] = fa_f32_to_e4m3(x); break;
     default: ((float *)base)[idx] = x; break;
     }
 }
@@ -292,6 +332,7 @@ static inline float fa_round_dtype(fa_dtype t, float x) {
     switch (t) {
     case FA_F16: return fa_f16_to_f32(fa_f32_to_f16(x));
     case FA_BF16: return fa_bf16_to_f32(fa_f32_to_bf16(x));
+    case FA_E4M3: return fa_e4m3_to_f32(fa_f32_to_e4m3(x));
     default: return x;
     }
 }

@@ -17,7 +17,7 @@
 /* ---- invalid arguments ---- */
 
 /* A valid problem whose outputs hold the poison; a case mutates copies of its params and exec. */
-static vf_problem base, base_varlen;
+static vf_problem base, base_varlen, base_fp8;
 
 typedef struct snapshot {
     unsigned char *bytes[6];
@@ -62,7 +62,7 @@ static void expect_error(const char *name, int varlen, int backward, mutate_fn m
     char full[160];
     snprintf(full, sizeof full, "invalid %s %s", backward ? "bwd" : "fwd", name);
     if (!th_selected(full)) return;
-    vf_problem *pr = varlen ? &base_varlen : &base;
+    vf_problem *pr = varlen == 2 ? &base_fp8 : varlen ? &base_varlen : &base;
     fa_params p = pr->p;
     fa_exec x;
     memset(&x, 0, sizeof x);
@@ -121,6 +121,7 @@ MUTATION(m_alibi_stride_neg, p->alibi_batch_stride = -1)
 MUTATION(m_alibi_stride_small, p->alibi_batch_stride = 1)
 MUTATION(m_deterministic, p->deterministic = 3)
 MUTATION(m_threads, x->num_threads = -1)
+MUTATION(m_threads_ok, x->num_threads = 1)
 MUTATION(m_ws_zero, x->workspace = p->o.data; x->workspace_bytes = 0)
 MUTATION(m_kernel, x->kernel = (fa_kernel)7)
 MUTATION(m_backend, x->backend = (fa_backend)42)
@@ -148,6 +149,20 @@ MUTATION(m_dv_in_dout, p->dv.data = (float *)p->dout.data + 8)
 MUTATION(m_dk_in_lse, p->dk.data = p->lse)
 MUTATION(m_dq_is_o, p->dq = p->o)
 MUTATION(m_total_k_neg, p->total_k = -4)
+
+/* e4m3 inputs (base_fp8: descales per 4 rows) */
+static float bad_descale[64];
+MUTATION(m_descale_f32, p->k_descale = bad_descale)
+MUTATION(m_out_dtype, p->out_dtype = FA_F32)
+MUTATION(m_out_dtype_e4m3, p->out_dtype = FA_E4M3)
+MUTATION(m_descale_block_neg, p->descale_block_k = -1)
+MUTATION(m_descale_nan, memcpy(bad_descale, p->v_descale, sizeof bad_descale); bad_descale[5] = NAN;
+         p->v_descale = bad_descale)
+MUTATION(m_descale_neg, memcpy(bad_descale, p->q_descale, sizeof bad_descale); bad_descale[0] = -1.0f;
+         p->q_descale = bad_descale)
+MUTATION(m_descale_misaligned, p->k_descale = (const float *)((const char *)p->k_descale + 2))
+MUTATION(m_descale_in_o, p->q_descale = (const float *)p->o.data)
+MUTATION(m_o_misaligned_fp8, p->o.data = (char *)p->o.data + 1)
 
 /* varlen mutations that need to write cu_seqlens: work on a copy */
 static int32_t cu_copy[16];
@@ -269,6 +284,26 @@ static void invalid_arguments(void) {
         snprintf(name, sizeof name, "varlen %s", var[i].name);
         expect_error(name, 1, 1, var[i].fn, I, var[i].field);
     }
+
+    struct {
+        const char *name;
+        mutate_fn fn;
+        fa_status want;
+        const char *field;
+    } fp8[] = {
+        { "e4m3 out_dtype f32", m_out_dtype, I, "out_dtype" },
+        { "e4m3 out_dtype e4m3", m_out_dtype_e4m3, I, "out_dtype" },
+        { "e4m3 descale_block_k -1", m_descale_block_neg, I, "descale_block_k" },
+        { "e4m3 v_descale NaN", m_descale_nan, I, "v_descale[5]" },
+        { "e4m3 q_descale negative", m_descale_neg, I, "q_descale[0]" },
+        { "e4m3 k_descale misaligned", m_descale_misaligned, I, "k_descale" },
+        { "e4m3 q_descale inside o", m_descale_in_o, I, "o and q_descale overlap" },
+        { "e4m3 o misaligned (bf16)", m_o_misaligned_fp8, I, "o.data" },
+    };
+    for (size_t i = 0; i < sizeof fp8 / sizeof fp8[0]; i++)
+        expect_error(fp8[i].name, 2, 0, fp8[i].fn, fp8[i].want, fp8[i].field);
+    expect_error("e4m3 backward", 2, 1, m_threads_ok, U, "FA_E4M3");
+    expect_error("k_descale with f32 inputs", 0, 0, m_descale_f32, I, "k_descale");
 
     if (th_selected("invalid NULL params")) {
         fa_exec x;
@@ -632,7 +667,10 @@ int main(int argc, char **argv) {
     vf_config v = c;
     v.batch = 4, v.varlen = 1, v.edge_lengths = 1, v.extra_tokens = 2;
     v.alibi = VF_ALIBI_HEADS;
-    if (vf_problem_create(&base, &c) != FA_OK || vf_problem_create(&base_varlen, &v) != FA_OK) {
+    vf_config f = c;
+    f.dtype = FA_E4M3, f.descale_block = 4;
+    if (vf_problem_create(&base, &c) != FA_OK || vf_problem_create(&base_varlen, &v) != FA_OK ||
+        vf_problem_create(&base_fp8, &f) != FA_OK) {
         printf("cannot allocate the test problems\n");
         return 1;
     }
@@ -646,5 +684,6 @@ int main(int argc, char **argv) {
     concurrent_calls();
     vf_problem_destroy(&base);
     vf_problem_destroy(&base_varlen);
+    vf_problem_destroy(&base_fp8);
     return th_finish();
 }

@@ -177,6 +177,24 @@ static void cpu_cases(void) {
     add("dtype", with_causal(shape(FA_BF16, 2, 4, 2, 77, 77, 64)), F);
     add("dtype", with_causal(shape(FA_F16, 1, 2, 2, 100, 150, 128)), F);
     add("dtype", shape(FA_BF16, 1, 2, 1, 150, 100, 256), F);
+    /* e4m3 inputs (forward only): descales per (batch, head) and per block of rows, none, f16 output, varlen */
+    add("e4m3", shape(FA_E4M3, 2, 4, 2, 77, 77, 64), MUST);
+    c = with_causal(shape(FA_E4M3, 2, 4, 1, 100, 130, 128));
+    c.descale_block = 16;
+    add("e4m3", c, MUST);
+    c.out_dtype = FA_F16;
+    c.descale_block = 0;
+    c.no_descale = 1;
+    add("e4m3", c, MUST);
+    c = with_varlen(shape(FA_E4M3, 6, 4, 2, 50, 70, 32), 3);
+    c.descale_block = 7;
+    c.softcap = 3.0f;
+    c.alibi = VF_ALIBI_HEADS;
+    add("e4m3", with_layout(c, VF_LAYOUT_PADDED), MUST);
+    c = with_window(shape(FA_E4M3, 1, 2, 2, 200, 200, 256), 20, 5);
+    c.q_amplitude = 8.0;
+    c.descale_block = 64;
+    add("e4m3", c, MUST);
     /* strides */
     add("layout", with_layout(shape(FA_F32, 2, 4, 2, 37, 53, 64), VF_LAYOUT_BHSD), F);
     add("layout", with_layout(with_causal(shape(FA_F32, 2, 4, 2, 37, 53, 64)), VF_LAYOUT_PADDED), F);
@@ -292,6 +310,8 @@ static void gpu_cases(void) {
     add("nan-padding", with_causal(with_layout(shape(FA_F16, 2, 4, 4, 100, 100, 64), VF_LAYOUT_PADDED)), F | NANPAD);
     c = with_causal(shape(FA_BF16, 2, 8, 8, 1024, 1024, 128));
     add("large", c, F | BIG);
+    /* e4m3 inputs: no device kernel yet, so the device backends report the case unsupported */
+    add("e4m3", shape(FA_E4M3, 1, 2, 2, 64, 64, 128), 0);
     /* Head dim 64 above 256 queries under a causal mask: 192-row tiles aligned to the last 64-row group, so the
      * first tile starts before row 0 (its first warpgroups have no rows) and, where the length is not a multiple
      * of 64, the last warpgroup reaches past the end; varlen gives every sequence its own alignment. Without a

@@ -572,6 +572,9 @@ static void m_workspace_small(kv_setup *s, fa_params *p, fa_kvcache *kv, fa_exec
     static char ws[64];
     x->workspace = ws, x->workspace_bytes = sizeof ws;
 }
+static void m_e4m3(kv_setup *s, fa_params *p, fa_kvcache *kv, fa_exec *x) {
+    p->dtype = FA_E4M3;
+}
 static void m_max_pages(kv_setup *s, fa_params *p, fa_kvcache *kv, fa_exec *x) {
     kv->max_pages = 0;
 }
@@ -582,6 +585,7 @@ static void invalid_cases(void) {
     const kv_case paged = { "p", FA_F32, 3, 4, 2, 32, 2, 2, 40, 16, 16, 1, 1, -1, -1, 0, 0, 0, 0, 0, 0 };
     const kv_case dense = { "d", FA_F32, 3, 4, 2, 32, 2, 2, 40, 0, 16, 1, 1, -1, -1, 0, 0, 0, 1, 0, 0 };
     const fa_status E = FA_ERR_INVALID_ARGUMENT;
+    expect_kv_error("dtype e4m3 (a forward input only)", &paged, m_e4m3, FA_ERR_UNSUPPORTED, "FA_E4M3");
     expect_kv_error("block_table >= num_pages", &paged, m_table_high, E, "block_table[1][0]");
     expect_kv_error("block_table negative", &paged, m_table_negative, E, "block_table[0][0]");
     expect_kv_error("block_table shared append slot", &paged, m_table_shared, E, "both append");

@@ -513,8 +513,44 @@ static void naive_noise(void) {
     }
 }
 
+/* The e4m3 conversions against e4m3's definition: every byte's value, every value back to its byte, ties
+ * between neighbours to the even byte, saturation at 448, NaN. */
+static void e4m3_codec(void) {
+    if (!th_selected("e4m3 codec")) return;
+    int bad_decode = 0, bad_encode = 0, bad_tie = 0;
+    for (int x = 0; x < 256; x++) {
+        const int e = (x >> 3) & 15, m = x & 7;
+        double want = e == 15 && m == 7 ? NAN : e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+        if (x & 0x80) want = -want;
+        const float got = fa_e4m3_to_f32((uint8_t)x);
+        if (isnan(want) ? !isnan(got) : (double)got != want || !signbit(got) != !signbit(want)) bad_decode++;
+        if (!isnan(want) && fa_f32_to_e4m3(got) != x) bad_encode++;
+        /* the midpoint to the next larger magnitude (the largest, 448, has none) rounds to the even byte */
+        if (!isnan(want) && (x & 0x7f) < 0x7e) {
+            const float next = fa_e4m3_to_f32((uint8_t)(x + 1)), mid = (got + next) / 2;
+            const int even = (x & 1) ? x + 1 : x;
+            if (fa_f32_to_e4m3(mid) != even || fa_f32_to_e4m3(nextafterf(mid, 0)) != x ||
+                fa_f32_to_e4m3(nextafterf(mid, 2 * next)) != x + 1)
+                bad_tie++;
+        }
+    }
+    th_check(bad_decode == 0 && bad_encode == 0 && bad_tie == 0,
+             "e4m3 codec: 256 bytes decoded (%d wrong), re-encoded (%d wrong), 252 ties to even (%d wrong)", bad_decode,
+             bad_encode, bad_tie);
+    const uint8_t sat[4] = { fa_f32_to_e4m3(463.9f), fa_f32_to_e4m3(464.0f), fa_f32_to_e4m3(1e30f),
+                             fa_f32_to_e4m3(-INFINITY) };
+    th_check(sat[0] == 0x7e && sat[1] == 0x7e && sat[2] == 0x7e && sat[3] == 0xfe &&
+                 (fa_f32_to_e4m3(NAN) & 0x7f) == 0x7f && fa_e4m3_to_f32(0x7e) == 448.0f &&
+                 fa_e4m3_to_f32(0x01) == 0x1p-9f && fa_f32_to_e4m3(0x1p-10f) == 0 &&
+                 fa_f32_to_e4m3(0x1.000002p-10f) == 1,
+             "e4m3 codec: saturation at +-448 (463.9, 464, 1e30, -inf -> %02x %02x %02x %02x), NaN, the smallest "
+             "subnormal and the ties around it",
+             sat[0], sat[1], sat[2], sat[3]);
+}
+
 int main(int argc, char **argv) {
     th_init(argc, argv, NULL);
+    e4m3_codec();
     fd_tests();
     semantics();
     reference_backend();

@@ -32,6 +32,7 @@ FA_ERR_INTERNAL = 8
 FA_F32 = 0
 FA_F16 = 1
 FA_BF16 = 2
+FA_E4M3 = 3
 
 # fa_backend
 FA_BACKEND_AUTO = 0
@@ -99,6 +100,12 @@ class Params(ctypes.Structure):
         ("dq", Tensor),
         ("dk", Tensor),
         ("dv", Tensor),
+        ("out_dtype", _c_enum),
+        ("q_descale", ctypes.c_void_p),
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("descale_block_q", ctypes.c_int32),
+        ("descale_block_k", ctypes.c_int32),
     ]
 
 

@@ -421,8 +421,8 @@ static void bwd_prepare_rows(const bwd_ctx *cx, int64_t b, const fa_seq *s, int6
     const fa_params *p = cx->p;
     const int64_t d = p->head_dim;
     float orow[256];
-    fa_cpu_pack_rows(p, &p->q, &cx->q, b, s->tok_q, r0, r1, h, p->softmax_scale);
-    fa_cpu_pack_rows(p, &p->dout, &cx->dout, b, s->tok_q, r0, r1, h, 1.0f);
+    fa_cpu_pack_rows(p, &p->q, &cx->q, b, s->tok_q, r0, r1, h, p->softmax_scale, 'q');
+    fa_cpu_pack_rows(p, &p->dout, &cx->dout, b, s->tok_q, r0, r1, h, 1.0f, 0);
     for (int64_t r = r0; r < r1; r++) {
         const float *drow = (const float *)cx->dout.data + fa_offset(p, &cx->dout, b, s->tok_q, r, h);
         fa_cpu_load_row(p->o.data, p->dtype, fa_offset(p, &p->o, b, s->tok_q, r, h), d, orow);

@@ -113,14 +113,15 @@ fa_tensor fa_cpu_packed_view(const fa_params *p, float *data, int keys) {
 }
 
 void fa_cpu_pack_rows(const fa_params *p, const fa_tensor *src, const fa_tensor *dst, int64_t b, int64_t tok,
-                      int64_t r0, int64_t r1, int64_t h, float mul) {
+                      int64_t r0, int64_t r1, int64_t h, float mul, int which) {
     const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
     for (int64_t r = r0; r < r1; r++) {
         float *row = (float *)dst->data + fa_offset(p, dst, b, tok, r, h);
         fa_cpu_load_row(src->data, p->dtype, fa_offset(p, src, b, tok, r, h), d, row);
         for (int64_t c = d; c < w; c++) row[c] = 0.0f;
-        if (mul != 1.0f)
-            for (int64_t c = 0; c < w; c += FA_VL) fa_vstore(row + c, fa_vload(row + c) * mul);
+        const float m = p->dtype == FA_E4M3 ? mul * fa_descale(p, which, b, h, r) : mul;
+        if (m != 1.0f)
+            for (int64_t c = 0; c < w; c += FA_VL) fa_vstore(row + c, fa_vload(row + c) * m);
     }
 }
 
@@ -151,6 +152,11 @@ void fa_cpu_load_row(const void *base, fa_dtype t, int64_t off, int64_t n, float
         for (; c < n; c++) dst[c] = fa_f16_to_f32(src[c]);
         return;
     }
+    case FA_E4M3: {
+        const uint8_t *src = (const uint8_t *)base + off;
+        for (; c < n; c++) dst[c] = fa_e4m3_to_f32(src[c]);
+        return;
+    }
     }
 }
 
@@ -179,6 +185,11 @@ void fa_cpu_store_row(void *base, fa_dtype t, int64_t off, int64_t n, const floa
     case FA_F16: {
         uint16_t *dst = (uint16_t *)base + off;
         for (int64_t c = 0; c < n; c++) dst[c] = fa_f32_to_f16(src[c] * mul);
+        return;
+    }
+    case FA_E4M3: {
+        uint8_t *dst = (uint8_t *)base + off;
+        for (int64_t c = 0; c < n; c++) dst[c] = fa_f32_to_e4m3(src[c] * mul);
         return;
     }
     }

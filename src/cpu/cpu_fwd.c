@@ -176,12 +176,13 @@ static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
         float *dst = panel + j / FA_MR * FA_MR * d + j % FA_MR;
         if (j < nk) {
             fa_cpu_load_row(p->k.data, p->dtype, fa_offset(p, &p->k, b, s.tok_k, j0 + j, h), d, row);
-            for (int64_t c = 0; c < d; c++) dst[c * FA_MR] = row[c];
+            const float kd = p->dtype == FA_E4M3 ? fa_descale(p, 'k', b, h, j0 + j) : 1.0f;
+            for (int64_t c = 0; c < d; c++) dst[c * FA_MR] = row[c] * kd;
         } else {
             for (int64_t c = 0; c < d; c++) dst[c * FA_MR] = 0.0f;
         }
     }
-    fa_cpu_pack_rows(p, &p->v, &cx->v, b, s.tok_k, j0, j0 + nk, h, 1.0f);
+    fa_cpu_pack_rows(p, &p->v, &cx->v, b, s.tok_k, j0, j0 + nk, h, 1.0f, 'v');
     uint8_t any = 0;
     for (int64_t j = 0; j < nk; j++) {
         float *vr = (float *)cx->v.data + fa_offset(p, &cx->v, b, s.tok_k, j0 + j, h);
@@ -317,7 +318,8 @@ static void fwd_load_qt(const fa_params *p, fwd_scratch *sc, int64_t b, const fa
         float *dst = sc->qt + i / FA_VL * FA_VL * d + i % FA_VL;
         if (i < mrows) {
             fa_cpu_load_row(p->q.data, p->dtype, fa_offset(p, &p->q, b, s->tok_q, i0 + i, h), d, row);
-            for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = row[c] * p->softmax_scale;
+            const float mul = p->softmax_scale * (p->dtype == FA_E4M3 ? fa_descale(p, 'q', b, h, i0 + i) : 1.0f);
+            for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = row[c] * mul;
         } else {
             for (int64_t c = 0; c < d; c++) dst[c * FA_VL] = 0.0f;
         }
@@ -407,11 +409,11 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
         int nan = !empty && !(sc->l[i] > 0.0f);
         for (int64_t j = sc->lo[i]; v_bad && !nan && j < sc->hi[i]; j++) nan = v_bad_row[j];
         if (empty)
-            fa_cpu_store_zero_row(p->o.data, p->dtype, oo, d);
+            fa_cpu_store_zero_row(p->o.data, fa_out_dtype(p), oo, d);
         else if (nan)
-            fa_cpu_store_row(p->o.data, p->dtype, oo, d, nan_row, 1.0f);
+            fa_cpu_store_row(p->o.data, fa_out_dtype(p), oo, d, nan_row, 1.0f);
         else
-            fa_cpu_store_row(p->o.data, p->dtype, oo, d, sc->o + i * ldo, 1.0f / sc->l[i]);
+            fa_cpu_store_row(p->o.data, fa_out_dtype(p), oo, d, sc->o + i * ldo, 1.0f / sc->l[i]);
         if (p->lse) {
             float lse = empty ? -__builtin_inff() : (float)((double)sc->m[i] + log((double)sc->l[i]));
             if (!empty && !(sc->l[i] > 0.0f)) lse = __builtin_nanf("");

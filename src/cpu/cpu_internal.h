@@ -136,9 +136,10 @@ static inline int64_t fa_cpu_row_stride(const fa_params *p) {
 fa_tensor fa_cpu_packed_view(const fa_params *p, float *data, int keys);
 
 /* Copies rows [r0, r1) of sequence b, head h from src (the caller's tensor) into dst (a packed view),
- * converted to fp32, times mul, zero-padded to the row width. */
+ * converted to fp32, times mul (and, for e4m3 inputs, the row's descale of tensor which: 'q', 'k' or 'v'),
+ * zero-padded to the row width. */
 void fa_cpu_pack_rows(const fa_params *p, const fa_tensor *src, const fa_tensor *dst, int64_t b, int64_t tok,
-                      int64_t r0, int64_t r1, int64_t h, float mul);
+                      int64_t r0, int64_t r1, int64_t h, float mul, int which);
 
 /* n elements of a row, from the storage dtype to fp32, and back (times mul, rounded to nearest even). */
 void fa_cpu_load_row(const void *base, fa_dtype t, int64_t off, int64_t n, float *dst);

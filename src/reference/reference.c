@@ -184,7 +184,8 @@ fa_status fa_reference_bwd_f64(const fa_params *p, const double *q, const double
 
 /* ---- the FA_BACKEND_REFERENCE backend: strided low-precision tensors <-> packed fp64 ---- */
 
-static double *gather(const fa_params *p, const fa_tensor *t, int query) {
+/* A tensor as packed fp64 rows; which ('q', 'k', 'v', or 0) names its descales for e4m3 inputs. */
+static double *gather(const fa_params *p, const fa_tensor *t, int query, int which) {
     const int64_t heads = query ? p->heads_q : p->heads_kv, d = p->head_dim;
     double *out = malloc((size_t)(tokens(p, query) * heads * d + 1) * sizeof(double));
     if (!out) return NULL;
@@ -196,7 +197,8 @@ static double *gather(const fa_params *p, const fa_tensor *t, int query) {
             for (int64_t h = 0; h < heads; h++) {
                 int64_t src = fa_offset(p, t, b, tok, r, h);
                 double *dst = out + ((tok0 + r) * heads + h) * d;
-                for (int64_t c = 0; c < d; c++) dst[c] = fa_load(t->data, p->dtype, src + c);
+                const double scale = p->dtype == FA_E4M3 && which ? fa_descale(p, which, b, h, r) : 1.0;
+                for (int64_t c = 0; c < d; c++) dst[c] = fa_load(t->data, p->dtype, src + c) * scale;
             }
     }
     return out;
@@ -204,6 +206,7 @@ static double *gather(const fa_params *p, const fa_tensor *t, int query) {
 
 static void scatter(const fa_params *p, const fa_tensor *t, int query, const double *src) {
     const int64_t heads = query ? p->heads_q : p->heads_kv, d = p->head_dim;
+    const fa_dtype dt = t == &p->o ? fa_out_dtype(p) : p->dtype;
     for (int64_t b = 0; b < p->batch; b++) {
         fa_seq s = fa_seq_get(p, b), ps = fa_seq_packed(p, b);
         const int64_t len = query ? s.len_q : s.len_k, tok = query ? s.tok_q : s.tok_k;
@@ -212,7 +215,7 @@ static void scatter(const fa_params *p, const fa_tensor *t, int query, const dou
             for (int64_t h = 0; h < heads; h++) {
                 int64_t dst = fa_offset(p, t, b, tok, r, h);
                 const double *row = src + ((tok0 + r) * heads + h) * d;
-                for (int64_t c = 0; c < d; c++) fa_store(t->data, p->dtype, dst + c, (float)row[c]);
+                for (int64_t c = 0; c < d; c++) fa_store(t->data, dt, dst + c, (float)row[c]);
             }
     }
 }
@@ -223,7 +226,7 @@ static size_t nbytes(int64_t tok, int64_t heads, int64_t d) {
 
 fa_status fa_reference_fwd(const fa_params *p) {
     fa_status st = FA_OK;
-    double *q = gather(p, &p->q, 1), *k = gather(p, &p->k, 0), *v = gather(p, &p->v, 0);
+    double *q = gather(p, &p->q, 1, 'q'), *k = gather(p, &p->k, 0, 'k'), *v = gather(p, &p->v, 0, 'v');
     double *o = malloc(nbytes(tokens(p, 1), p->heads_q, p->head_dim));
     double *lse = malloc(nbytes(tokens(p, 1), p->heads_q, 1));
     if (!q || !k || !v || !o || !lse) {
@@ -249,8 +252,8 @@ fa_status fa_reference_fwd(const fa_params *p) {
 
 fa_status fa_reference_bwd(const fa_params *p) {
     fa_status st = FA_OK;
-    double *q = gather(p, &p->q, 1), *k = gather(p, &p->k, 0), *v = gather(p, &p->v, 0);
-    double *dout = gather(p, &p->dout, 1);
+    double *q = gather(p, &p->q, 1, 'q'), *k = gather(p, &p->k, 0, 'k'), *v = gather(p, &p->v, 0, 'v');
+    double *dout = gather(p, &p->dout, 1, 0);
     double *dq = malloc(nbytes(tokens(p, 1), p->heads_q, p->head_dim));
     double *dk = malloc(nbytes(tokens(p, 0), p->heads_kv, p->head_dim));
     double *dv = malloc(nbytes(tokens(p, 0), p->heads_kv, p->head_dim));
