@@ -660,8 +660,73 @@ def _options(q, dropout_p, softmax_scale, window_size, softcap):
     return _common.scale(softmax_scale, q.shape[-1]), _common.window(window_size), _common.check_softcap(softcap)
 
 
+_E4M3 = getattr(torch, "float8_e4m3fn", None)
+
+
+def _descale_arg(name, t, q, batch, heads, heads_kv, length, block):
+    """A descale argument as the library's contiguous (batch, heads, blocks) fp32 array (None stays None)."""
+    if t is None:
+        return None
+    if not isinstance(t, Tensor) or t.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor, got {_shape_of(t) if not isinstance(t, Tensor) else t.dtype}")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    blocks = -(-length // block) if block > 0 else 1
+    if block == 0 and t.dim() == 2 and tuple(t.shape) == (batch, heads_kv) and heads != heads_kv:
+        t = t.repeat_interleave(heads // heads_kv, dim=1)  # flash-attn's q_descale: one per kv head
+    if tuple(t.shape) not in ((batch, heads, blocks),) + (((batch, heads),) if blocks == 1 else ()):
+        want = f"({batch}, {heads}, {blocks})" if block > 0 else f"({batch}, {heads})"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    return t.contiguous()
+
+
+def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, descales,
+                 descale_block, out_dtype, with_lse):
+    """flash_attn_func on float8_e4m3fn q, k, v: out in out_dtype, lse; no autograd."""
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dtype != _E4M3:
+            raise TypeError(f"{name} must be float8_e4m3fn like q, got {t.dtype if isinstance(t, Tensor) else type(t)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must be on one device")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim); got strides {t.stride()}")
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+    block = int(descale_block)
+    if block < 0:
+        raise ValueError(f"descale_block must be >= 0, got {block}")
+    sizes = _common.dense_sizes(q.shape, k.shape, v.shape)
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, _ = sizes
+    _check_alibi(alibi_slopes, q, batch, heads_q)
+    scale, (wl, wr), cap = _options(q, dropout_p, softmax_scale, window_size, softcap)
+    p = _common.make_params(_lib.FA_E4M3, sizes, False, scale, causal, (wl, wr), cap)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.contiguous()
+        p.alibi_slopes = alibi_slopes.data_ptr()
+        p.alibi_batch_stride = heads_q if alibi_slopes.dim() == 2 else 0
+    p.out_dtype = _DTYPES[out_dtype]
+    p.descale_block_q = p.descale_block_k = block
+    keep = []
+    for name, t, heads, length in (("q_descale", descales[0], heads_q, seqlen_q),
+                                   ("k_descale", descales[1], heads_kv, seqlen_k),
+                                   ("v_descale", descales[2], heads_kv, seqlen_k)):
+        t = _descale_arg(name, t, q, batch, heads, heads_kv, length, block)
+        if t is not None:
+            setattr(p, name, t.data_ptr())
+            keep.append(t)
+    out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device) if with_lse else None
+    for field, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        _set(p, field, t, False)
+    p.lse = lse.data_ptr() if with_lse else None
+    _run("fa_fwd", p, q, False)
+    return out, lse
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, q_descale=None, k_descale=None,
+                    v_descale=None, descale_block=0, out_dtype=None):
     """Exact attention, as flash_attn.flash_attn_func.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), heads_q a multiple of
@@ -672,10 +737,24 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     causal is aligned to the bottom right when seqlen_q != seqlen_k; window_size=(left, right), -1 = unbounded;
     softcap > 0 applies softcap * tanh(S / softcap); alibi_slopes: float32 (heads_q,) or (batch, heads_q).
     dropout_p must be 0.0 (dropout is not implemented).
+    FP8 (forward only, no autograd): q, k, v float8_e4m3fn, each standing for its values times its descale:
+    q_descale, k_descale, v_descale float32 (batch, heads_kv) as flash-attn's FP8 interface (q's is per kv
+    head, spread over its query heads), or (batch, heads_q) for q, or with descale_block = N > 0 one per N rows
+    of a sequence: (batch, heads, ceil(seqlen / N)); None means 1. out is out_dtype (default bfloat16, or
+    float16). Eager calls on CPU tensors so far: the CUDA backend has no e4m3 kernel yet and raises, and
+    torch.compile does not trace this path.
 
     Returns out (batch, seqlen_q, heads_q, head_dim), or with return_attn_probs=True (out, softmax_lse, None)
     where softmax_lse is float32 (batch, heads_q, seqlen_q); rows that see no key get out = 0, lse = -inf.
     """
+    if _E4M3 is not None and getattr(q, "dtype", None) == _E4M3:
+        out, lse = _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                (q_descale, k_descale, v_descale), descale_block, out_dtype or torch.bfloat16,
+                                return_attn_probs)
+        return (out, lse, None) if return_attn_probs else out
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
+        raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
+                         f"{q.dtype if isinstance(q, Tensor) else type(q).__name__}")
     fwd = _eager_dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
     if fwd is not None:
         out, lse = _run_eager(fwd, q, k, v, alibi_slopes, None, None, deterministic, return_attn_probs)

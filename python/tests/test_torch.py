@@ -428,6 +428,84 @@ def test_varlen_paged_kv_refuses():
         flash_attn_varlen_func(q, pages[0], pages[0], cu, cu, 20, 20, block_table=table)
 
 
+def _quantize_e4m3(x, block=0):
+    """x (batch, seqlen, heads, head_dim) as float8_e4m3fn with float32 descales (batch, heads[, blocks])."""
+    b, s, h, d = x.shape
+    if block == 0:
+        ds = x.abs().amax(dim=(1, 3)) / 448
+        return (x / ds[:, None, :, None]).to(torch.float8_e4m3fn), ds
+    nb = -(-s // block)
+    pad = torch.zeros(b, nb * block - s, h, d, dtype=x.dtype)
+    xb = torch.cat([x, pad], 1).view(b, nb, block, h, d)
+    ds = (xb.abs().amax(dim=(2, 4)) / 448).clamp_min(1e-12)  # (b, nb, h)
+    x8 = (xb / ds[:, :, None, :, None]).view(b, nb * block, h, d)[:, :s].to(torch.float8_e4m3fn)
+    return x8, ds.permute(0, 2, 1).contiguous()
+
+
+def _dequantize(x8, ds, block=0):
+    x = x8.float()
+    if block == 0:
+        return x * ds[:, None, :, None]
+    rows = torch.arange(x.shape[1]) // block
+    return x * ds[:, :, rows].permute(0, 2, 1)[..., None]
+
+
+@pytest.mark.parametrize("block", [0, 16])
+def test_fp8_forward_matches_dequantized(block):
+    """e4m3 inputs with descales give the f32 call on the dequantized values, rounded once to the output."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, n, h, 64, generator=g) * 3 for n, h in ((70, 4), (90, 2), (90, 2)))
+    (q8, qd), (k8, kd), (v8, vd) = (_quantize_e4m3(t, block) for t in (q, k, v))
+    for causal, window, out_dtype in ((False, (-1, -1), torch.bfloat16), (True, (30, -1), torch.float16)):
+        out, lse, _ = flash_attn_func(q8, k8, v8, causal=causal, window_size=window, q_descale=qd, k_descale=kd,
+                                      v_descale=vd, descale_block=block, out_dtype=out_dtype, return_attn_probs=True)
+        ref, ref_lse, _ = flash_attn_func(_dequantize(q8, qd, block), _dequantize(k8, kd, block),
+                                          _dequantize(v8, vd, block), causal=causal, window_size=window,
+                                          return_attn_probs=True)
+        unit = 2.0 ** (-8 if out_dtype == torch.bfloat16 else -11)
+        assert out.dtype == out_dtype and out.shape == q.shape
+        assert max_err(out.float(), ref) <= unit * float(ref.abs().max()) + 1e-6, (causal, block)
+        assert max_err(lse, ref_lse) <= 1e-5 * float(ref_lse.abs().max())
+
+
+def test_fp8_flash_attn_descale_layout():
+    """flash-attn's FP8 descales: (batch, heads_kv) for q, k and v alike, q's spread over its query heads."""
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(2, 40, h, 32, generator=g) for h in (6, 2, 2))
+    qd = q.abs().amax(dim=(1, 3)).view(2, 2, 3).amax(-1) / 448  # one per kv head
+    q8 = (q / qd.repeat_interleave(3, 1)[:, None, :, None]).to(torch.float8_e4m3fn)
+    (k8, kd), (v8, vd) = _quantize_e4m3(k), _quantize_e4m3(v)
+    out = flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+    ref = flash_attn_func(_dequantize(q8, qd.repeat_interleave(3, 1)), _dequantize(k8, kd), _dequantize(v8, vd))
+    assert max_err(out.float(), ref) <= 2.0**-8 * float(ref.abs().max()) + 1e-6
+    plain = flash_attn_func(q8, k8, v8)  # no descales: the e4m3 values as they are
+    assert max_err(plain.float(), flash_attn_func(q8.float(), k8.float(), v8.float())) <= 2.0**-8 * 448
+
+
+def test_fp8_refusals():
+    q8, k8, v8 = (torch.randn(1, 16, 2, 32).to(torch.float8_e4m3fn) for _ in range(3))
+    ds = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="float8_e4m3fn inputs"):
+        flash_attn_func(q8.float(), k8.float(), v8.float(), q_descale=ds)
+    with pytest.raises(TypeError, match="k must be float8_e4m3fn"):
+        flash_attn_func(q8, k8.bfloat16(), v8)
+    with pytest.raises(ValueError, match=r"k_descale must have shape \(1, 2, 2\)"):
+        flash_attn_func(q8, k8, v8, k_descale=ds, descale_block=8)
+    with pytest.raises(TypeError, match="v_descale must be a float32"):
+        flash_attn_func(q8, k8, v8, v_descale=ds.double())
+    with pytest.raises(TypeError, match="out_dtype"):
+        flash_attn_func(q8, k8, v8, out_dtype=torch.float32)
+    with pytest.raises(flashattn.FlashAttnError, match="q_descale"):
+        flash_attn_func(q8, k8, v8, q_descale=torch.full((1, 2), float("nan")))
+
+
+@needs_cuda
+def test_fp8_cuda_not_yet():
+    q8, k8, v8 = (torch.randn(1, 16, 2, 64, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
+    with pytest.raises(flashattn.FlashAttnError, match="e4m3"):
+        flash_attn_func(q8, k8, v8)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # CUDA specifics
 # ---------------------------------------------------------------------------------------------------------
