@@ -414,6 +414,37 @@ FA_API fa_status fa_fwd_kvcache(const fa_params *p, const fa_kvcache *kv, const 
 /* sizeof(fa_kvcache) as compiled into the library (for bindings to check their mirror). */
 FA_API size_t fa_kvcache_sizeof(void);
 
+/* ---------------------------------------------------------------------------------------------------------
+ * FP8 helpers (host memory): preparing e4m3 inputs for fa_fwd
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* A (batch, seqlen, heads, head_dim) tensor x of dtype FA_F32, FA_F16 or FA_BF16, or a packed varlen one
+ * (cu_seqlens: batch + 1 prefix sums, seqlen >= every length, stride_batch unused; NULL = dense). */
+typedef struct fa_rows {
+    fa_tensor x;
+    fa_dtype dtype;
+    int32_t batch, seqlen, heads, head_dim;
+    const int32_t *cu_seqlens;
+} fa_rows;
+
+/* Block quantization: for each (batch entry, head, block of `block` rows of the sequence; 0 = the whole
+ * sequence), descale = max |x| / 448 (1 where the block is all zeros), and dst = e4m3(x / descale) (round to
+ * nearest even; a NaN stays NaN). dst has src's sizes and its own strides (uint8_t elements, dtype ignored);
+ * descale is (batch, heads, blocks) fp32, blocks = ceil(seqlen / block) (1 for 0): fa_params' q/k/v_descale
+ * layout for descale_block = block; the blocks past a varlen sequence's end get 1. e4m3 has no infinity: a
+ * NaN or Inf in x is refused (FA_ERR_INVALID_ARGUMENT naming its row), as is any bad field; then nothing is
+ * written. */
+FA_API fa_status fa_quantize_e4m3(const fa_rows *src, int32_t block, fa_tensor dst, float *descale);
+
+/* Incoherent processing: every row x (head_dim elements) of the tensor becomes x D H / sqrt(n) in place, D a
+ * diagonal of random signs drawn from `seed` (the same for every row), H the Walsh-Hadamard matrix of order n
+ * applied to each n-element chunk of the row, n the largest power of two dividing head_dim (head_dim itself
+ * for 64, 128 and 256). The transform is orthogonal: rotating q and k with one seed leaves every score q.k
+ * unchanged (up to rounding to the dtype) while spreading outlier features over the row before quantization.
+ * Sign j is - when the top bit of splitmix64(seed + j) is set (splitmix64: z = x + 0x9e3779b97f4a7c15, then
+ * z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9, z = (z ^ z >> 27) * 0x94d049bb133111eb, z ^ z >> 31). */
+FA_API fa_status fa_hadamard_rotate(const fa_rows *x, uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif

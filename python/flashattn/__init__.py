@@ -37,6 +37,8 @@ _TORCH_NAMES = (
     "flash_attn_varlen_kvpacked_func",
     "scaled_dot_product_attention",
     "flash_attn_with_kvcache",
+    "quantize_e4m3",
+    "hadamard_rotate",
 )
 _NUMPY_NAMES = ("attention", "attention_backward", "attention_with_kvcache")
 

@@ -724,6 +724,72 @@ def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap
     return out, lse
 
 
+def quantize_e4m3(x, descale_block=0):
+    """Block quantization for the FP8 forward, as the C helper fa_quantize_e4m3 (the same bits on the CPU).
+
+    x: (batch, seqlen, heads, head_dim) float32, float16 or bfloat16, CPU or CUDA. Per (batch entry, head,
+    block of descale_block rows; 0 = the whole sequence) descale = max |x| / 448 (1 for an all-zero block) and
+    the e4m3 values round(x * (1 / descale)). Returns (x8 float8_e4m3fn of x's shape, descale float32 (batch,
+    heads) or (batch, heads, blocks)), what flash_attn_func takes as q|k|v and q|k|v_descale with that
+    descale_block. A NaN or Inf in x raises ValueError (e4m3 has no infinity; the check reads the device).
+    """
+    if _E4M3 is None:
+        raise NotImplementedError(f"this PyTorch ({torch.__version__}) has no float8_e4m3fn")
+    if not isinstance(x, Tensor) or x.dtype not in _DTYPES or x.dim() != 4:
+        raise TypeError(f"x must be a float32, float16 or bfloat16 (batch, seqlen, heads, head_dim) tensor, got "
+                        f"{_shape_of(x) if not isinstance(x, Tensor) else (x.dtype, tuple(x.shape))}")
+    block = int(descale_block)
+    if block < 0:
+        raise ValueError(f"descale_block must be >= 0, got {block}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x holds a NaN or Inf: e4m3 has no infinity")
+    b, s, h, d = x.shape
+    xf = x.float()
+    span = block if block > 0 else max(s, 1)
+    nb = -(-s // span) if s else 1
+    padded = torch.cat([xf, xf.new_zeros(b, nb * span - s, h, d)], 1) if nb * span != s else xf
+    amax = padded.view(b, nb, span, h, d).abs().amax(dim=(2, 4))  # (batch, blocks, heads)
+    descale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    scaled = padded.view(b, nb, span, h, d) * (1.0 / descale)[:, :, None, :, None]
+    x8 = scaled.view(b, nb * span, h, d)[:, :s].to(_E4M3)
+    descale = descale.permute(0, 2, 1).contiguous()
+    return x8, (descale[..., 0].contiguous() if block == 0 else descale)
+
+
+def _splitmix64(x):
+    m = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def hadamard_rotate(x, seed=0):
+    """Incoherent processing, as the C helper fa_hadamard_rotate: every row (head_dim elements) times D H /
+    sqrt(n), D random signs from seed, H the Walsh-Hadamard matrix of order n, the largest power of two dividing
+    head_dim, per n-element chunk. Rotate q and k with one seed (their scores stay the same) before
+    quantize_e4m3; leave v as it is. x: (..., head_dim) float32, float16 or bfloat16, any device; returns the
+    rotated copy in x's dtype (computed in float32: the same bits as the C helper)."""
+    if not isinstance(x, Tensor) or x.dtype not in _DTYPES or x.dim() < 1:
+        raise TypeError(f"x must be a float32, float16 or bfloat16 tensor, got {_shape_of(x)}")
+    d = x.shape[-1]
+    if d < 8 or d % 8 or d > 256:
+        raise ValueError(f"head_dim (x.shape[-1] = {d}) must be a multiple of 8 in [8, 256]")
+    n = d & -d
+    seed = int(seed) & ((1 << 64) - 1)
+    signs = torch.tensor([-1.0 if _splitmix64((seed + j) & ((1 << 64) - 1)) >> 63 else 1.0 for j in range(d)],
+                         dtype=torch.float32, device=x.device)
+    y = (x.float() * signs).reshape(-1, d // n, n)
+    length = 1
+    while length < n:
+        y = y.view(-1, d // n, n // (2 * length), 2, length)
+        a, c = y[..., 0, :], y[..., 1, :]
+        y = torch.stack((a + c, a - c), dim=-2)
+        length *= 2
+    norm = torch.tensor(float(n), dtype=torch.float32).sqrt().reciprocal().to(x.device)
+    return (y.reshape(x.shape) * norm).to(x.dtype)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, q_descale=None, k_descale=None,
                     v_descale=None, descale_block=0, out_dtype=None):
