@@ -89,7 +89,7 @@ if command -v objdump > /dev/null; then
         if [ "$n" -eq 0 ]; then ok "${o#"$build"/}: no AVX-512 register"; else bad "${o#"$build"/}: $n AVX-512 uses"; fi
     done
     for o in "$build"/src/cpu/avx512/*.o; do
-        n=$(insns "$o" | grep -Ec 'bf16')
+        n=$(insns "$o" | grep -Ec '^v[a-z0-9]*bf16')
         if [ "$n" -eq 0 ]; then ok "${o#"$build"/}: no bf16 instruction"; else bad "${o#"$build"/}: $n bf16 instructions"; fi
     done
     n=$(insns "$build"/src/cpu/avx512bf16/cpu_fwd.o | grep -c vdpbf16ps)

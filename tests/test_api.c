@@ -156,9 +156,14 @@ MUTATION(m_descale_f32, p->k_descale = bad_descale)
 MUTATION(m_out_dtype, p->out_dtype = FA_F32)
 MUTATION(m_out_dtype_e4m3, p->out_dtype = FA_E4M3)
 MUTATION(m_descale_block_neg, p->descale_block_k = -1)
-MUTATION(m_descale_nan, memcpy(bad_descale, p->v_descale, sizeof bad_descale); bad_descale[5] = NAN;
+/* the descales of base_fp8 (blocks of 4 rows): q's batch * heads_q * seqlen_q / 4, k's and v's likewise */
+static size_t descale_bytes(const fa_params *p, int query) {
+    const int64_t heads = query ? p->heads_q : p->heads_kv, len = query ? p->seqlen_q : p->seqlen_k;
+    return sizeof(float) * (size_t)(p->batch * heads * ((len + p->descale_block_k - 1) / p->descale_block_k));
+}
+MUTATION(m_descale_nan, memcpy(bad_descale, p->v_descale, descale_bytes(p, 0)); bad_descale[5] = NAN;
          p->v_descale = bad_descale)
-MUTATION(m_descale_neg, memcpy(bad_descale, p->q_descale, sizeof bad_descale); bad_descale[0] = -1.0f;
+MUTATION(m_descale_neg, memcpy(bad_descale, p->q_descale, descale_bytes(p, 1)); bad_descale[0] = -1.0f;
          p->q_descale = bad_descale)
 MUTATION(m_descale_misaligned, p->k_descale = (const float *)((const char *)p->k_descale + 2))
 MUTATION(m_descale_in_o, p->q_descale = (const float *)p->o.data)
