@@ -13,7 +13,8 @@
  *   2. one change to a copy of the params, also read from the input, then the call on the CPU or the
  *      reference backend. Changes the library must refuse (strides whose extent overflows, negative strides,
  *      misaligned pointers, an output overlapping another array, non-finite scale, softcap or ALiBi slopes,
- *      broken cu_seqlens, bad sizes) must fail with every output byte untouched; changes that stay inside
+ *      broken cu_seqlens, bad sizes, bad e4m3 descales or output dtype, descales with another dtype) must
+ *      fail with every output byte untouched; changes that stay inside
  *      the allocations (fewer rows, heads or batch entries, any thread count, any window) must succeed.
  *
  * A violated expectation aborts with a message; the sanitizers report memory and undefined-behaviour errors.
@@ -55,7 +56,7 @@ static vf_config decode_config(bytes *b) {
     vf_config c;
     vf_config_init(&c);
     static const int dims[6] = { 8, 16, 24, 32, 64, 136 };
-    c.dtype = (fa_dtype)(next(b) % 3);
+    c.dtype = (fa_dtype)(next(b) % 4);
     c.batch = 1 + next(b) % 3;
     c.heads_kv = 1 + next(b) % 2;
     c.heads_q = c.heads_kv * (1 + next(b) % 3);
@@ -76,7 +77,19 @@ static vf_config decode_config(bytes *b) {
     c.q_amplitude = 1.0 + (next(b) % 4);
     c.workspace = (int)(next(b) % 3);
     c.seed = next32(b);
+    if (c.dtype == FA_E4M3) { /* descales per (batch, head) or per block of rows, or none; bf16 or f16 out */
+        static const int32_t blocks[4] = { 0, 1, 5, 16 };
+        const unsigned f = next(b);
+        c.descale_block = blocks[f % 4];
+        c.no_descale = (f >> 2) & 1;
+        c.out_dtype = (f >> 3) & 1 ? FA_F16 : FA_BF16;
+    }
     return c;
+}
+
+/* Bytes per element of a problem's tensor (e4m3 inputs have an output of another dtype). */
+static size_t elem_size(const vf_tensor *t) {
+    return t->dtype == FA_F32 ? 4 : t->dtype == FA_E4M3 ? 1 : 2;
 }
 
 /* ---- step 1: the CPU backend against the reference ---- */
@@ -115,9 +128,8 @@ typedef struct snapshot {
 } snapshot;
 
 static void snapshot_take(const vf_problem *pr, snapshot *s) {
-    const size_t es = pr->cfg.dtype == FA_F32 ? 4 : 2;
     const vf_tensor *t[5] = { &pr->o, &pr->dq, &pr->dk, &pr->dv, &pr->dout };
-    for (int i = 0; i < 5; i++) s->ptr[i] = t[i]->host, s->size[i] = (size_t)t[i]->elems * es;
+    for (int i = 0; i < 5; i++) s->ptr[i] = t[i]->host, s->size[i] = (size_t)t[i]->elems * elem_size(t[i]);
     s->ptr[5] = pr->lse, s->size[5] = sizeof(float) * (size_t)pr->lse_elems;
     for (int i = 0; i < 6; i++) {
         s->copy[i] = malloc(s->size[i] + 1);
@@ -159,9 +171,11 @@ static int mutate(bytes *b, vf_problem *pr, fa_params *p, fa_exec *x, int backwa
     static const int64_t big[4] = { INT64_MAX, INT64_MAX / 2, INT64_MAX / 3, INT64_MAX / 8 };
     const unsigned which = next(b);
     fa_tensor *t = view(p, which);
+    const vf_tensor *allocs[8] = { &pr->q, &pr->k, &pr->v, &pr->o, &pr->dout, &pr->dq, &pr->dk, &pr->dv };
+    const size_t es = elem_size(allocs[which % 8]);
     const int used = which % 8 < 4 || backward; /* dout, dq, dk, dv are not read by the forward */
     const int out = backward ? which % 8 >= 5 : which % 8 == 3;
-    switch (kind % 12) {
+    switch (kind % 13) {
     case 0: { /* a stride whose extent overflows int64 (in elements or in bytes) */
         int64_t s = big[next(b) % 4] / (1 + next(b) % 4);
         unsigned f = next(b) % 3;
@@ -175,7 +189,7 @@ static int mutate(bytes *b, vf_problem *pr, fa_params *p, fa_exec *x, int backwa
         int64_t ext = f == 0 && !varlen(p) && p->batch > 1 ? p->batch : f == 1 ? heads : rows;
         /* refused for sure only when this term alone passes INT64_MAX bytes; otherwise the view would just
          * run past the allocation (the caller's error, not the library's): no call */
-        if (!used || view_rows(p, which) == 0 || (__int128)s * (ext - 1) * (p->dtype == FA_F32 ? 4 : 2) <= INT64_MAX)
+        if (!used || view_rows(p, which) == 0 || (__int128)s * (ext - 1) * (int64_t)es <= INT64_MAX)
             return -1;
         return MUST_FAIL;
     }
@@ -193,7 +207,7 @@ static int mutate(bytes *b, vf_problem *pr, fa_params *p, fa_exec *x, int backwa
         return used ? MUST_FAIL : EITHER;
     }
     case 2: { /* a pointer off its element alignment */
-        size_t es = p->dtype == FA_F32 ? 4 : 2;
+        if (es == 1) return -1; /* bytes: every address is aligned */
         t->data = (char *)t->data + 1 + next(b) % (es - 1);
         return used ? MUST_FAIL : EITHER;
     }
@@ -215,8 +229,7 @@ static int mutate(bytes *b, vf_problem *pr, fa_params *p, fa_exec *x, int backwa
         }
         const unsigned i = next(b) % 4, off = 0; /* past the start it might land past the view, in its padding */
         const vf_tensor *alloc[4] = { &pr->q, &pr->k, &pr->v, &pr->o };
-        const size_t es = p->dtype == FA_F32 ? 4 : 2;
-        if ((size_t)alloc[i]->elems * es < sizeof(float) * (size_t)(pr->lse_elems + off)) return -1;
+        if ((size_t)alloc[i]->elems * elem_size(alloc[i]) < sizeof(float) * (size_t)(pr->lse_elems + off)) return -1;
         p->lse = (float *)view(p, i)->data + off;
         const int have_rows = i == 0 || i == 3 ? have_q : !varlen(p) || p->total_k > 0;
         return have_q && have_rows ? MUST_FAIL : EITHER;
@@ -278,6 +291,32 @@ static int mutate(bytes *b, vf_problem *pr, fa_params *p, fa_exec *x, int backwa
             ok = cu[k + 1] >= cu[k] && (int64_t)cu[k + 1] - cu[k] <= p->seqlen_q;
         return ok ? EITHER : MUST_FAIL;
     }
+    case 11: { /* the FP8 fields: descales with another dtype, a bad descale, out_dtype or descale block */
+        static float descales[1024]; /* more than 3 batch entries x 6 heads x 48 blocks */
+        if (p->dtype != FA_E4M3) {
+            p->k_descale = descales;
+            return MUST_FAIL;
+        }
+        const unsigned f = next(b) % 3;
+        if (f == 0) {
+            p->out_dtype = (fa_dtype)(int32_t)next32(b);
+            return p->out_dtype == FA_BF16 || p->out_dtype == FA_F16 ? MUST_PASS : MUST_FAIL;
+        }
+        if (f == 1) {
+            p->descale_block_k = -1 - (int32_t)(next(b) % 100);
+            return MUST_FAIL;
+        }
+        const float **d = next(b) & 1 ? &p->v_descale : &p->q_descale;
+        if (!*d) return EITHER;
+        const int q = d == &p->q_descale;
+        const int64_t block = q ? p->descale_block_q : p->descale_block_k, len = q ? p->seqlen_q : p->seqlen_k;
+        const int64_t n = (int64_t)p->batch * (q ? p->heads_q : p->heads_kv) * (block ? (len + block - 1) / block : 1);
+        memcpy(descales, *d, sizeof(float) * (size_t)n);
+        static const float bad[3] = { NAN, INFINITY, -1.0f };
+        descales[next(b) % (unsigned)n] = bad[next(b) % 3];
+        *d = descales;
+        return MUST_FAIL;
+    }
     default: { /* sizes from raw bits: refused unless they shrink the problem */
         int32_t v = (int32_t)next32(b);
         unsigned f = next(b) % 4;
@@ -304,7 +343,7 @@ static void check_change(bytes *b, vf_problem *pr, int backward) {
     if (!slopes || !cu) abort();
     const unsigned kind = next(b);
     const int want = mutate(b, pr, &p, &x, backward, kind, slopes, cu);
-    if (getenv("FUZZ_DEBUG")) fprintf(stderr, "change %u -> %d\n", kind % 12, want);
+    if (getenv("FUZZ_DEBUG")) fprintf(stderr, "change %u -> %d\n", kind % 13, want);
     if (want < 0) {
         free(slopes);
         free(cu);
@@ -317,7 +356,7 @@ static void check_change(bytes *b, vf_problem *pr, int backward) {
     fa_status st = backward ? fa_bwd(&p, &x) : fa_fwd(&p, &x);
     const int same = snapshot_same(&s);
     char detail[640];
-    snprintf(detail, sizeof detail, "change %u on %s %s: %s \"%s\"", kind % 12,
+    snprintf(detail, sizeof detail, "change %u on %s %s: %s \"%s\"", kind % 13,
              x.backend == FA_BACKEND_CPU ? "cpu" : "reference", backward ? "bwd" : "fwd", fa_status_name(st),
              fa_last_error());
     if (st != FA_OK && !same) fail("a failed call wrote to an output", &pr->cfg, detail);
@@ -334,7 +373,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const unsigned mode = next(&b);
     vf_problem pr;
     if (vf_problem_create(&pr, &c) != FA_OK) return 0;
-    const int backward = mode & 1;
+    const int backward = (mode & 1) && c.dtype != FA_E4M3; /* e4m3 is an input of the forward only */
     check_cpu(&pr, backward);
     check_change(&b, &pr, backward);
     vf_problem_destroy(&pr);
