@@ -118,8 +118,10 @@ void vf_config_describe(const vf_config *c, char *buf, size_t size) {
     } while (0)
     if (c->dtype == FA_E4M3) {
         VF_APPEND("->%s", dtype_name(c->out_dtype));
-        if (c->no_descale) VF_APPEND(" no-descale");
-        else if (c->descale_block > 0) VF_APPEND(" descale/%d", c->descale_block);
+        if (c->no_descale)
+            VF_APPEND(" no-descale");
+        else if (c->descale_block > 0)
+            VF_APPEND(" descale/%d", c->descale_block);
     }
     if (c->causal) VF_APPEND(" causal");
     if (c->window_left >= 0 || c->window_right >= 0) VF_APPEND(" win=%d,%d", c->window_left, c->window_right);
@@ -354,8 +356,7 @@ static void make_lengths(const vf_config *c, int32_t *cu_q, int32_t *cu_k) {
     }
 }
 
-static fa_status alloc_tensor(vf_problem *pr, vf_tensor *t, int query, int which, fa_dtype dtype,
-                              vf_layout layout) {
+static fa_status alloc_tensor(vf_problem *pr, vf_tensor *t, int query, int which, fa_dtype dtype, vf_layout layout) {
     const vf_config *c = &pr->cfg;
     t->query = query;
     t->which = which;
@@ -1295,8 +1296,7 @@ static void compare_tensor(const vf_problem *pr, const vf_tensor *t, const doubl
     for (int64_t row = 0; row < n; row++) {
         const int64_t off = row_offset(pr, t, row);
         for (int64_t c = 0; c < d; c++)
-            acc_add(a, fa_load(t->host, t->dtype, off + c), naive[row * d + c], ref[row * d + c],
-                    mag[row * d + c]);
+            acc_add(a, fa_load(t->host, t->dtype, off + c), naive[row * d + c], ref[row * d + c], mag[row * d + c]);
     }
 }
 
@@ -1319,6 +1319,25 @@ static double score_magnitude(const vf_problem *pr) {
         }
     }
     return resolved_params(pr).softmax_scale * sqrt(m[0]) * sqrt(m[1]);
+}
+
+fa_status vf_rmse_o(vf_problem *pr, vf_problem *ref, double *rmse) {
+    fa_status st = expected(ref, 0);
+    if (st != FA_OK) return st;
+    const int64_t d = pr->cfg.head_dim, n = valid_rows(pr, &pr->o);
+    double sum = 0.0;
+    int64_t count = 0;
+    for (int64_t row = 0; row < n; row++) {
+        const int64_t off = row_offset(pr, &pr->o, row);
+        for (int64_t c = 0; c < d; c++) {
+            const double want = ref->expect->o[row * d + c];
+            if (!isfinite(want)) continue;
+            const double e = fa_load(pr->o.host, pr->o.dtype, off + c) - want;
+            sum += e * e, count++;
+        }
+    }
+    *rmse = count ? sqrt(sum / (double)count) : 0.0;
+    return FA_OK;
 }
 
 fa_status vf_compare(vf_problem *pr, int backward, vf_report *rep) {
@@ -1450,8 +1469,7 @@ static void check_query_row(const row_ctx *x, int backward, double *buf, row_err
         }
     }
     for (int64_t c = 0; c < d; c++)
-        acc_add(&out->e[VF_O], load(pr, &pr->o, b, tq, i, h, c), round_to(fa_out_dtype(rp), (float)no[c]), o[c],
-                mo[c]);
+        acc_add(&out->e[VF_O], load(pr, &pr->o, b, tq, i, h, c), round_to(fa_out_dtype(rp), (float)no[c]), o[c], mo[c]);
     acc_add(&out->e[VF_LSE], pr->lse[fa_lse_index(&pr->p, b, tq, i, h)], nlse, lse, 0.0);
     if (isfinite(lse) && fabs(lse) > out->max_lse) out->max_lse = fabs(lse);
     if (!backward) return;

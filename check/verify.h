@@ -203,6 +203,10 @@ typedef struct vf_report {
  * problem and cached. FA_ERR_OUT_OF_MEMORY if they do not fit. */
 fa_status vf_compare(vf_problem *pr, int backward, vf_report *rep);
 
+/* Root mean square of pr's O (as the last run left it) minus the fp64 reference O of problem `ref`, which has
+ * pr's geometry: pr itself, or a twin with other values (e.g. the unquantized inputs of an e4m3 problem). */
+fa_status vf_rmse_o(vf_problem *pr, vf_problem *ref, double *rmse);
+
 /* The same on up to `rows` sampled query rows (O, LSE, dQ) and `rows` sampled key rows (dK, dV), the
  * first and last rows of the problem always among them. The key-row gradients use the backend's own O and
  * LSE (the inputs of its backward; O and LSE are checked on the sampled rows), so the cost is

@@ -850,6 +850,19 @@ static int cmd_check(cli_options *o) {
     printf("  against the fp64 reference (%.1f s); tolerance = 2 x naive %s error + floor:\n", vf_seconds() - t0,
            cli_dtype_name(o->dtype));
     vf_report_print(stdout, &rep, "    ");
+    if (o->dtype == FA_E4M3) { /* what the quantization costs: the same draws in bf16, before quantizing */
+        vf_config twin_cfg = pr.cfg;
+        twin_cfg.dtype = FA_BF16;
+        vf_problem twin;
+        double deq = 0, orig = 0;
+        if (vf_rmse_o(&pr, &pr, &deq) == FA_OK && vf_problem_create(&twin, &twin_cfg) == FA_OK) {
+            if (vf_rmse_o(&pr, &twin, &orig) == FA_OK)
+                printf("  RMSE of O: %.2e against the e4m3 inputs' fp64 attention, %.2e against the bf16 inputs they "
+                       "were quantized from (not part of the check)\n",
+                       deq, orig);
+            vf_problem_destroy(&twin);
+        }
+    }
     const int ok = rep.ok && written && deterministic;
     char line[512];
     int n = 0;

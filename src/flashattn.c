@@ -334,8 +334,10 @@ static fa_status check_fp8(const fa_params *p, int backward) {
         return fa_fail(FA_ERR_UNSUPPORTED, "dtype FA_E4M3: the backward takes FA_F32, FA_F16 or FA_BF16 (FP8 is "
                                            "forward only)");
     if (p->out_dtype != FA_BF16 && p->out_dtype != FA_F16)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "out_dtype (%d) is not FA_BF16 or FA_F16 (the dtype of o for FA_E4M3 "
-                                                "inputs)", (int)p->out_dtype);
+        return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                       "out_dtype (%d) is not FA_BF16 or FA_F16 (the dtype of o for FA_E4M3 "
+                       "inputs)",
+                       (int)p->out_dtype);
     if (p->descale_block_q < 0)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "descale_block_q (%d) is negative", p->descale_block_q);
     if (p->descale_block_k < 0)
@@ -357,7 +359,9 @@ static fa_status check_descale_values(const fa_params *p) {
         const float *d;
         const char *name;
         int which;
-    } all[] = { { p->q_descale, "q_descale", 'q' }, { p->k_descale, "k_descale", 'k' }, { p->v_descale, "v_descale", 'k' } };
+    } all[] = { { p->q_descale, "q_descale", 'q' },
+                { p->k_descale, "k_descale", 'k' },
+                { p->v_descale, "v_descale", 'k' } };
     for (size_t t = 0; t < 3; t++) {
         if (!all[t].d) continue;
         const int64_t n = descale_count(p, all[t].which);
@@ -429,7 +433,8 @@ static fa_status check_memory(const fa_params *p, int backward) {
         const float *d;
         const char *name;
         int which;
-    } descales[] = { { p->q_descale, "q_descale", 'q' }, { p->k_descale, "k_descale", 'k' },
+    } descales[] = { { p->q_descale, "q_descale", 'q' },
+                     { p->k_descale, "k_descale", 'k' },
                      { p->v_descale, "v_descale", 'k' } };
     for (size_t i = 0; i < 3; i++) {
         if (!descales[i].d) continue;
@@ -602,8 +607,10 @@ static fa_status prepare(const fa_params *p, const fa_exec *exec, int backward, 
     if (st != FA_OK) return st;
     if ((st = validate(p, x->backend, backward, r)) != FA_OK) return st;
     if (r->dtype == FA_E4M3 && !host_backend(x->backend))
-        return fa_fail(FA_ERR_UNSUPPORTED, "dtype FA_E4M3 runs on the cpu and reference backends; the %s backend has "
-                                           "no e4m3 kernel", x->backend == FA_BACKEND_CUDA ? "cuda" : "naive");
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "dtype FA_E4M3 runs on the cpu and reference backends; the %s backend has "
+                       "no e4m3 kernel",
+                       x->backend == FA_BACKEND_CUDA ? "cuda" : "naive");
 #ifdef FA_WITH_CUDA
     if (x->backend == FA_BACKEND_CUDA) return fa_cuda_check(r, x, backward);
 #endif

@@ -29,8 +29,9 @@ static fa_status check_rows(const fa_rows *t, const char *name) {
         for (int32_t b = 0; b < t->batch; b++) {
             const int64_t len = (int64_t)t->cu_seqlens[b + 1] - t->cu_seqlens[b];
             if (len < 0 || len > t->seqlen)
-                return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.cu_seqlens[%d] - cu_seqlens[%d] (%lld) is not in [0, seqlen %d]",
-                               name, b + 1, b, (long long)len, t->seqlen);
+                return fa_fail(FA_ERR_INVALID_ARGUMENT,
+                               "%s.cu_seqlens[%d] - cu_seqlens[%d] (%lld) is not in [0, seqlen %d]", name, b + 1, b,
+                               (long long)len, t->seqlen);
         }
     }
     return FA_OK;
@@ -81,7 +82,8 @@ fa_status fa_quantize_e4m3(const fa_rows *src, int32_t block, fa_tensor dst, flo
                 float amax = 0.0f;
                 for (int64_t r = r0; r < r1; r++) {
                     const int64_t off = row_offset(src, &src->x, b, r, h);
-                    for (int64_t c = 0; c < d; c++) amax = fmaxf(amax, fabsf(fa_load(src->x.data, src->dtype, off + c)));
+                    for (int64_t c = 0; c < d; c++)
+                        amax = fmaxf(amax, fabsf(fa_load(src->x.data, src->dtype, off + c)));
                 }
                 const float ds = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / ds;
                 descale[(b * src->heads + h) * blocks + k] = ds;

@@ -25,6 +25,10 @@ expect() {
 # the CPU backend on every machine: head_dim 16 has no CUDA kernel, and the cases are about the CLI
 small="--backend cpu --batch 1 --heads 2 --seqlen-q 40 --head-dim 16"
 expect 0 "check of a small problem" "check: PASS" -- check $small --bwd
+expect 0 "check --dtype e4m3 (descales per 8 rows) reports what the quantization costs" "RMSE of O: .* bf16 inputs" -- \
+    check $small --dtype e4m3 --descale-block 8
+expect 3 "check --dtype e4m3 --bwd: FP8 is forward only" "forward only" -- check $small --dtype e4m3 --bwd
+expect 2 "--dtype e5m2 is not a dtype" "e4m3" -- check $small --dtype e5m2
 expect 3 "head_dim INT32_MAX is unsupported, not a runtime error" "head_dim" -- check --head-dim 2147483647
 expect 2 "head_dim 0 is invalid" "" -- check --head-dim 0
 expect 0 "a long left window bound is read whole (leading zeros)" "window 1,0" -- \

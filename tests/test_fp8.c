@@ -50,7 +50,8 @@ static void quantize(void) {
     memset(q, 0xee, (size_t)n);
     fa_rows src;
     memset(&src, 0, sizeof src);
-    src.x.data = x, src.x.stride_head = LD, src.x.stride_seq = (int64_t)H * LD, src.x.stride_batch = (int64_t)S * H * LD;
+    src.x.data = x, src.x.stride_head = LD, src.x.stride_seq = (int64_t)H * LD,
+    src.x.stride_batch = (int64_t)S * H * LD;
     src.dtype = FA_BF16, src.batch = B, src.seqlen = S, src.heads = H, src.head_dim = D;
     fa_tensor dst = src.x;
     dst.data = q;
@@ -98,8 +99,12 @@ static void quantize(void) {
     struct {
         const char *what, *field;
         int mutation;
-    } bad[] = { { "NaN", "row 3", 0 }, { "block -1", "block", 1 }, { "src dtype e4m3", "src.dtype", 2 },
-                { "head_dim 12", "head_dim", 3 }, { "descale NULL", "descale", 4 }, { "in place", "in place", 5 },
+    } bad[] = { { "NaN", "row 3", 0 },
+                { "block -1", "block", 1 },
+                { "src dtype e4m3", "src.dtype", 2 },
+                { "head_dim 12", "head_dim", 3 },
+                { "descale NULL", "descale", 4 },
+                { "in place", "in place", 5 },
                 { "cu_seqlens beyond seqlen", "cu_seqlens[3]", 6 } };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fa_rows s2 = src;
