@@ -353,15 +353,22 @@ static int64_t descale_count(const fa_params *p, int which) {
     return (int64_t)p->batch * (which == 'q' ? p->heads_q : p->heads_kv) * blocks;
 }
 
+/* The three descale arrays with their names and whose sizes ('q', or 'k' for k and v) they follow. */
+typedef struct descale_view {
+    const float *d;
+    const char *name;
+    int which;
+} descale_view;
+static void descale_views(const fa_params *p, descale_view v[3]) {
+    v[0] = (descale_view){ p->q_descale, "q_descale", 'q' };
+    v[1] = (descale_view){ p->k_descale, "k_descale", 'k' };
+    v[2] = (descale_view){ p->v_descale, "v_descale", 'k' };
+}
+
 /* On the host backends, which read them here: every descale finite and >= 0. */
 static fa_status check_descale_values(const fa_params *p) {
-    const struct {
-        const float *d;
-        const char *name;
-        int which;
-    } all[] = { { p->q_descale, "q_descale", 'q' },
-                { p->k_descale, "k_descale", 'k' },
-                { p->v_descale, "v_descale", 'k' } };
+    descale_view all[3];
+    descale_views(p, all);
     for (size_t t = 0; t < 3; t++) {
         if (!all[t].d) continue;
         const int64_t n = descale_count(p, all[t].which);
@@ -429,13 +436,8 @@ static fa_status check_memory(const fa_params *p, int backward) {
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "alibi_slopes: the last slope's index overflows int64");
         if ((st = flat_span(p->alibi_slopes, count, 4, "alibi_slopes", 0, &sp[n++]))) return st;
     }
-    const struct {
-        const float *d;
-        const char *name;
-        int which;
-    } descales[] = { { p->q_descale, "q_descale", 'q' },
-                     { p->k_descale, "k_descale", 'k' },
-                     { p->v_descale, "v_descale", 'k' } };
+    descale_view descales[3];
+    descale_views(p, descales);
     for (size_t i = 0; i < 3; i++) {
         if (!descales[i].d) continue;
         if ((st = check_aligned(descales[i].d, 4, descales[i].name)) ||
