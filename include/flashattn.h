@@ -164,7 +164,7 @@ typedef struct fa_tensor {
  * any options. The forward reads q, k, v and writes o and lse; the backward reads q, k, v, o, lse, dout and
  * writes dq, dk, dv. */
 typedef struct fa_params {
-    fa_dtype dtype;  /* of q, k, v, o, dout, dq, dk, dv */
+    fa_dtype dtype;  /* of q, k, v, o, dout, dq, dk, dv (FA_E4M3: of q, k, v; o is out_dtype) */
     int32_t batch;
     int32_t seqlen_q; /* dense: the length; varlen: an upper bound on every sequence's length */
     int32_t seqlen_k;
@@ -250,7 +250,7 @@ typedef struct fa_exec {
  * ------------------------------------------------------------------------------------------------------- */
 
 /* Zeroes *p and sets sizes and defaults: scale 0 (1/sqrt(head_dim)), no mask, windows -1, softcap 0,
- * dense. Tensors are left NULL. Returns FA_ERR_INVALID_ARGUMENT only for p == NULL. */
+ * dense, out_dtype FA_BF16, no descales. Tensors are left NULL. Returns FA_ERR_INVALID_ARGUMENT only for p == NULL. */
 FA_API fa_status fa_params_init(fa_params *p, fa_dtype dtype, int32_t batch, int32_t seqlen_q, int32_t seqlen_k,
                                 int32_t heads_q, int32_t heads_kv, int32_t head_dim);
 
