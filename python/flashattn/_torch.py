@@ -744,7 +744,7 @@ def quantize_e4m3(x, descale_block=0):
     if not bool(torch.isfinite(x).all()):
         raise ValueError("x holds a NaN or Inf: e4m3 has no infinity")
     b, s, h, d = x.shape
-    xf = x.float()
+    xf = x.float().contiguous()
     span = block if block > 0 else max(s, 1)
     nb = -(-s // span) if s else 1
     padded = torch.cat([xf, xf.new_zeros(b, nb * span - s, h, d)], 1) if nb * span != s else xf
@@ -875,7 +875,8 @@ def _gather_pages(q, k_pages, v_pages, block_table, cu_seqlens_k, max_seqlen_k):
     pos = rows - cu[seq]
     inside = (pos >= 0) & (pos < lengths[seq])
     pos = torch.where(inside, pos, torch.zeros_like(pos))
-    page = block_table[seq, pos // page_size].to(torch.int64)
+    # a length past max_seqlen_k (trusted on CUDA) must not index past the table either
+    page = block_table[seq, (pos // page_size).clamp_(max=max_pages - 1)].to(torch.int64)
     # entries are trusted on CUDA; clamping keeps a bad one from faulting the device (it reads some page)
     page = torch.where(inside, page, torch.zeros_like(page)).clamp_(0, num_pages - 1)
     index = page * page_size + pos % page_size

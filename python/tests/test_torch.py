@@ -427,6 +427,9 @@ def test_varlen_paged_kv_refuses():
         flash_attn_varlen_func(q, pages, pages, cu, cu, 20, 20, block_table=table[:1])
     with pytest.raises(ValueError, match="num_pages, page_size"):
         flash_attn_varlen_func(q, pages[0], pages[0], cu, cu, 20, 20, block_table=table)
+    # a sequence longer than max_seqlen_k: the library refuses cu_seqlens_k (the gather itself stays in bounds)
+    with pytest.raises(flashattn.FlashAttnError, match="cu_seqlens_k"):
+        flash_attn_varlen_func(q, pages, pages, cu, cu, 20, 16, block_table=table[:, :2])
 
 
 def _quantize_e4m3(x, block=0):
@@ -530,6 +533,13 @@ def test_fp8_helpers_match_the_c_helpers(block):
                                                        _lib.Tensor(c8.data_ptr(), *c8.stride()[:3]), c_ds.data_ptr()))
     assert torch.equal(x8.view(torch.uint8), c8)
     assert torch.equal(ds, c_ds if block else c_ds[..., 0])
+
+
+@pytest.mark.parametrize("block", [0, 8, 40])
+def test_fp8_quantize_strided_input(block):
+    x = torch.randn(2, 3, 40, 64, generator=torch.Generator().manual_seed(15)).transpose(1, 2)  # a view
+    got, want = flashattn.quantize_e4m3(x, descale_block=block), flashattn.quantize_e4m3(x.contiguous(), block)
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
 
 
 def test_fp8_incoherent_processing_lowers_the_error():
