@@ -347,10 +347,7 @@ static fa_status check_fp8(const fa_params *p, int backward) {
 
 /* Descales of a problem's q (which = 'q') or k and v: batch * heads * blocks. */
 static int64_t descale_count(const fa_params *p, int which) {
-    const int64_t block = which == 'q' ? p->descale_block_q : p->descale_block_k;
-    const int64_t len = which == 'q' ? p->seqlen_q : p->seqlen_k;
-    const int64_t blocks = block > 0 ? (len + block - 1) / block : 1;
-    return (int64_t)p->batch * (which == 'q' ? p->heads_q : p->heads_kv) * blocks;
+    return (int64_t)p->batch * (which == 'q' ? p->heads_q : p->heads_kv) * fa_descale_blocks(p, which);
 }
 
 /* The three descale arrays with their names and whose sizes ('q', or 'k' for k and v) they follow. */

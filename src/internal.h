@@ -115,15 +115,20 @@ static inline fa_dtype fa_out_dtype(const fa_params *p) {
     return p->dtype == FA_E4M3 ? p->out_dtype : p->dtype;
 }
 
+/* Descale blocks per (batch entry, head) of q (which = 'q') or of k and v ('k' or 'v'). */
+static inline int64_t fa_descale_blocks(const fa_params *p, int which) {
+    const int64_t block = which == 'q' ? p->descale_block_q : p->descale_block_k;
+    const int64_t len = which == 'q' ? p->seqlen_q : p->seqlen_k;
+    return block > 0 ? (len + block - 1) / block : 1;
+}
+
 /* The descale of row r (of its sequence) of head h of batch entry b: which = 'q', 'k' or 'v' (1 without one). */
 static inline float fa_descale(const fa_params *p, int which, int64_t b, int64_t h, int64_t r) {
     const float *d = which == 'q' ? p->q_descale : which == 'k' ? p->k_descale : p->v_descale;
     if (!d) return 1.0f;
     const int64_t block = which == 'q' ? p->descale_block_q : p->descale_block_k;
-    const int64_t len = which == 'q' ? p->seqlen_q : p->seqlen_k;
     const int64_t heads = which == 'q' ? p->heads_q : p->heads_kv;
-    const int64_t blocks = block > 0 ? (len + block - 1) / block : 1;
-    return d[(b * heads + h) * blocks + (block > 0 ? r / block : 0)];
+    return d[(b * heads + h) * fa_descale_blocks(p, which) + (block > 0 ? r / block : 0)];
 }
 
 /* ---- host conversions between fp32 and the 16-bit formats (round to nearest even) ---- */
