@@ -303,6 +303,16 @@ def test_strided_inputs(device):
     assert_same(flash_attn_func(qt, k, v), flash_attn_func(qt.contiguous(), k, v))
 
 
+def _varlen_inputs(lens_q, lens_k, hq, hkv, d, device, dtype, g):
+    """cu_seqlens_q/k and packed q, k, v of random values for the given sequence lengths."""
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=device)
+    q = torch.randn(sum(lens_q), hq, d, generator=g).to(device, dtype)
+    k = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
+    v = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
+    return cu_q, cu_k, q, k, v
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_against_sdpa(device, causal):
@@ -310,11 +320,7 @@ def test_varlen_against_sdpa(device, causal):
     hq, hkv, d = 4, 2, 64
     for dtype in _dtypes(device):
         g = torch.Generator().manual_seed(2)
-        cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=device)
-        cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=device)
-        q = torch.randn(sum(lens_q), hq, d, generator=g).to(device, dtype)
-        k = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
-        v = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
+        cu_q, cu_k, q, k, v = _varlen_inputs(lens_q, lens_k, hq, hkv, d, device, dtype, g)
         dout = torch.randn(sum(lens_q), hq, d, generator=g).to(device, dtype)
         window = (20, 3)
 
@@ -379,11 +385,7 @@ def test_varlen_paged_kv(device, page_size):
     hq, hkv, d = 4, 2, 64
     dtype = _dtypes(device)[-1]
     g = torch.Generator().manual_seed(5)
-    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=device)
-    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=device)
-    q = torch.randn(sum(lens_q), hq, d, generator=g).to(device, dtype)
-    k = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
-    v = torch.randn(sum(lens_k), hkv, d, generator=g).to(device, dtype)
+    cu_q, cu_k, q, k, v = _varlen_inputs(lens_q, lens_k, hq, hkv, d, device, dtype, g)
     num_pages = sum((n + page_size - 1) // page_size for n in lens_k) + 3  # spare pages hold NaN
     perm = torch.randperm(num_pages, generator=g)
     k_pages, table = _paged_copy(k, cu_k, page_size, num_pages, perm)
