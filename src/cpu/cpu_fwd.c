@@ -166,17 +166,6 @@ static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
 }
 #endif
 
-/* Whether the forward's products run on AMX tiles: bf16 inputs on the AMX level, head_dim a whole number of
- * 32-element tile rows (the others stay on vdpbf16ps). */
-static int fwd_amx(const fa_params *p) {
-#ifdef FA_CPU_AMX
-    return fa_cpu_bf16_products(p) && p->head_dim % 32 == 0;
-#else
-    (void)p;
-    return 0;
-#endif
-}
-
 #ifdef FA_CPU_AMX
 /* fwd_pack_keys for AMX: K as row-major pairs along head_dim (FA_FWD_BC rows of head_dim / 2 words, zero past
  * the sequence), the A operand of S^T = K Q^T; V^T as pairs of keys (head_dim rows of FA_FWD_BC / 2 words, zero
@@ -219,7 +208,7 @@ static void fwd_pack_keys_amx(const fwd_ctx *cx, int64_t h, int64_t kg) {
  * the rows that do see it get O = NaN at the end (flashattn.h). */
 static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
 #ifdef FA_CPU_AMX
-    if (fwd_amx(cx->p)) {
+    if (fa_cpu_amx_products(cx->p)) {
         fwd_pack_keys_amx(cx, h, kg);
         return;
     }
@@ -419,7 +408,7 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
     }
 
     uint8_t v_bad = 0; /* a key block of this task holds a V row with a non-finite value */
-    const int bf16 = fa_cpu_bf16_products(p), amx = fwd_amx(p);
+    const int bf16 = fa_cpu_bf16_products(p), amx = fa_cpu_amx_products(p);
     (void)amx; /* read only on the AMX level */
     if (jbeg < jend) {
         fwd_load_qt(p, sc, b, &s, h, i0, mrows, ncols, bf16);
