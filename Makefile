@@ -107,7 +107,8 @@ endif
 # (FLASHATTN_CPU_SIMD=avx512, avx2 or portable forces a narrower one). Its checks of the processor follow these
 # flags: change both together. avx512bf16 is avx512 plus the bf16 dot product (vdpbf16ps), which its bf16 calls
 # run their products on. Elsewhere, and with NATIVE=1, the files are compiled once, for the compiler's target.
-CPU_ISAS                 = avx512bf16 avx512 avx2 portable
+CPU_ISAS                 = amx avx512bf16 avx512 avx2 portable
+CPU_ISA_FLAGS_amx        = $(CPU_ISA_FLAGS_avx512bf16) -mamx-tile -mamx-bf16
 CPU_ISA_FLAGS_avx512bf16 = $(CPU_ISA_FLAGS_avx512) -mavx512bf16
 CPU_ISA_FLAGS_avx512     = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c
 CPU_ISA_FLAGS_avx2       = -mavx2 -mfma -mf16c
@@ -145,7 +146,7 @@ $(info flashattn $(VERSION): CUDA on ($(NVCC), sm $(FA_CUDA_ARCHS)$(if $(FA_HDIM
 endif
 endif
 
-.PHONY: all lib run dev cuda12-check test test-generated test-c test-cpu-simd test-cli test-install fuzz test-python sanitize install uninstall ci \
+.PHONY: all lib run dev cuda12-check test test-generated test-c test-cpu-simd test-amx-emulated test-cli test-install fuzz test-python sanitize install uninstall ci \
         clean format format-check readme-example wheel test-wheel FORCE
 .DELETE_ON_ERROR:
 # Keep the objects of the test binaries (make would delete them as intermediate files).
@@ -277,10 +278,24 @@ test: all $(TEST_BIN)
 	$(MAKE) --no-print-directory test-generated || failed="$$failed test-generated"; \
 	$(MAKE) --no-print-directory test-c || failed="$$failed test-c"; \
 	$(MAKE) --no-print-directory test-cpu-simd || failed="$$failed test-cpu-simd"; \
+	$(MAKE) --no-print-directory test-amx-emulated || failed="$$failed test-amx-emulated"; \
 	$(MAKE) --no-print-directory test-cli || failed="$$failed test-cli"; \
 	$(MAKE) --no-print-directory test-install || failed="$$failed test-install"; \
 	$(MAKE) --no-print-directory test-python || failed="$$failed test-python"; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi
+
+# The AMX level's data layouts on any processor with AVX-512 BF16: the CPU kernels built once (NATIVE=1, no
+# CUDA) with the AMX instructions emulated in C (FA_AMX_EMULATE, src/cpu/cpu_simd.h), then test_backends' CPU
+# cases. Skipped, saying so, without AVX-512 BF16 (the level's other instructions).
+AMX_EMU_BUILD = $(BUILD)/amx-emulated
+test-amx-emulated:
+	@if ! grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then \
+	  echo "amx-emulated: skipped (no AVX-512 BF16 on this processor)"; exit 0; fi; \
+	$(MAKE) --no-print-directory NATIVE=1 FA_CUDA=0 BUILD=$(AMX_EMU_BUILD) CFLAGS="$(CFLAGS) -DFA_AMX_EMULATE" \
+	  $(AMX_EMU_BUILD)/tests/test_backends > $(AMX_EMU_BUILD).log 2>&1 || { tail -n 20 $(AMX_EMU_BUILD).log; exit 1; }; \
+	$(AMX_EMU_BUILD)/tests/test_backends -b cpu > $(AMX_EMU_BUILD)/test.log 2>&1; rc=$$?; \
+	grep -E '^FAIL' $(AMX_EMU_BUILD)/test.log | head -n 20; \
+	echo "amx-emulated: $$(tail -n 1 $(AMX_EMU_BUILD)/test.log)"; exit $$rc
 
 # Generated sources match their generator: src/cuda/fa3_wgmma.cuh is tools/gen_wgmma.py's output.
 test-generated:

@@ -17,6 +17,7 @@ levels=portable
 has avx2 fma f16c && levels="avx2 $levels"
 has avx2 fma f16c avx512f avx512bw avx512dq avx512vl && levels="avx512 $levels"
 has avx2 fma f16c avx512f avx512bw avx512dq avx512vl avx512_bf16 && levels="avx512bf16 $levels"
+has avx2 fma f16c avx512f avx512bw avx512dq avx512vl avx512_bf16 amx_bf16 amx_tile && levels="amx $levels"
 widest=${levels%% *}
 if [ "$1" = --widest ]; then
     echo "$widest"
@@ -63,7 +64,7 @@ for level in ${levels#"$widest"}; do
     done
 done
 
-for level in avx512bf16 avx512; do
+for level in amx avx512bf16 avx512; do
     case " $levels " in
     *" $level "*) ;;
     *)
@@ -76,8 +77,9 @@ for level in avx512bf16 avx512; do
 done
 
 # What runs before the choice, or on any x86-64, holds no AVX instruction (VEX and EVEX mnemonics start with v),
-# the AVX2 level no AVX-512 register, and the AVX-512 level no bf16 dot product (vdpbf16ps, vcvtne2ps2bf16,
-# vcvtneps2bf16): on an older processor they would stop the program (SIGILL).
+# the AVX2 level no AVX-512 register, the AVX-512 level no bf16 dot product (vdpbf16ps, vcvtne2ps2bf16,
+# vcvtneps2bf16) and the AVX-512 BF16 level no AMX instruction: on an older processor they would stop the
+# program (SIGILL).
 if command -v objdump > /dev/null; then
     insns() { objdump -d --no-show-raw-insn "$1" | awk -F '\t' 'NF >= 2 { print $2 }'; }
     for o in "$build"/src/*.o "$build"/src/reference/*.o "$build"/src/cpu/dispatch/*.o "$build"/src/cpu/portable/*.o; do
@@ -92,6 +94,12 @@ if command -v objdump > /dev/null; then
         n=$(insns "$o" | grep -Ec '^v[a-z0-9]*bf16')
         if [ "$n" -eq 0 ]; then ok "${o#"$build"/}: no bf16 instruction"; else bad "${o#"$build"/}: $n bf16 instructions"; fi
     done
+    for o in "$build"/src/cpu/avx512bf16/*.o; do
+        n=$(insns "$o" | grep -Ec '^(tile|tdp|ldtilecfg|sttilecfg)')
+        if [ "$n" -eq 0 ]; then ok "${o#"$build"/}: no AMX instruction"; else bad "${o#"$build"/}: $n AMX instructions"; fi
+    done
+    n=$(insns "$build"/src/cpu/amx/cpu_fwd.o | grep -c tdpbf16ps)
+    if [ "$n" -gt 0 ]; then ok "src/cpu/amx/cpu_fwd.o: $n tdpbf16ps"; else bad "src/cpu/amx/cpu_fwd.o: no tdpbf16ps"; fi
     n=$(insns "$build"/src/cpu/avx512bf16/cpu_fwd.o | grep -c vdpbf16ps)
     if [ "$n" -gt 0 ]; then ok "src/cpu/avx512bf16/cpu_fwd.o: $n vdpbf16ps"; else bad "src/cpu/avx512bf16/cpu_fwd.o: no vdpbf16ps"; fi
 else

@@ -285,6 +285,9 @@ static void bwd_pack_key_block_bf16(const bwd_ctx *cx, bwd_scratch *sc, int64_t 
             vt[strip + c * FA_VL] = vrow ? bwd_pair(vrow, c) : 0u;
         }
     }
+    /* pair rows past the keys zero up to a whole AMX tile of them (the dQ product reads 16 at a time) */
+    for (int64_t t = fa_ceil_div(nk, 2); t < fa_round_up(fa_ceil_div(nk, 2), 16); t++)
+        memset(kp + t * ld, 0, sizeof(uint32_t) * (size_t)w);
     for (int64_t t = 0; 2 * t < nk; t++) {
         const uint16_t *lo = k16 + fa_offset(p, &p->k, b, s->tok_k, j0 + 2 * t, kvh);
         const uint16_t *hi = 2 * t + 1 < nk ? k16 + fa_offset(p, &p->k, b, s->tok_k, j0 + 2 * t + 1, kvh) : NULL;
@@ -332,9 +335,14 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
     const int64_t iend = fa_min64(s.len_q, p->window_left < 0 ? s.len_q : j0 + nk - off + p->window_left);
     int first = 1;
 
-    const int bf16 = fa_cpu_bf16_products(p);
+    const int bf16 = fa_cpu_bf16_products(p), amx = fa_cpu_amx_products(p) && ibeg < iend;
 #ifdef FA_CPU_BF16
     if (ibeg < iend && bf16) bwd_pack_key_block_bf16(cx, sc, b, &s, kvh, j0, nk);
+#endif
+#ifdef FA_CPU_AMX
+    if (amx) fa_amx_begin();
+#else
+    (void)amx;
 #endif
     if (ibeg < iend && !bf16) bwd_pack_key_block(cx, sc, b, &s, kvh, j0, nk);
     for (int64_t h = kvh * cx->group; h < (kvh + 1) * cx->group && ibeg < iend; h++) {
@@ -374,8 +382,19 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
                 const uint32_t *qp = (const uint32_t *)cx->q_pairs.data + fa_offset(p, &cx->q_pairs, b, s.tok_q, i0, h);
                 const uint32_t *dop =
                     (const uint32_t *)cx->do_pairs.data + fa_offset(p, &cx->do_pairs, b, s.tok_q, i0, h);
-                bwd_scores_bf16(rows, ncols, d, (const uint32_t *)q, ldq, (const uint32_t *)sc->kt, sc->s, pf_q);
-                bwd_scores_bf16(rows, ncols, d, (const uint32_t *)dO, ldo, (const uint32_t *)sc->vt, sc->ds, pf_do);
+#ifdef FA_CPU_AMX
+                if (amx) { /* whole tiles of rows: the query tiles hold FA_BWD_BR rows, those past `rows` unused */
+                    const int64_t r16 = fa_round_up(rows, 16);
+                    fa_amx_gemm(r16, ncols, d / 2, (const uint32_t *)q, ldq, (const uint32_t *)sc->kt, FA_VL,
+                                FA_VL * (d / 2), sc->s, BWD_LDS, 0);
+                    fa_amx_gemm(r16, ncols, d / 2, (const uint32_t *)dO, ldo, (const uint32_t *)sc->vt, FA_VL,
+                                FA_VL * (d / 2), sc->ds, BWD_LDS, 0);
+                } else
+#endif
+                {
+                    bwd_scores_bf16(rows, ncols, d, (const uint32_t *)q, ldq, (const uint32_t *)sc->kt, sc->s, pf_q);
+                    bwd_scores_bf16(rows, ncols, d, (const uint32_t *)dO, ldo, (const uint32_t *)sc->vt, sc->ds, pf_do);
+                }
                 bwd_softmax_grad(cx, sc, b, h, &s, i0, mrows, rows, j0, nk, ncols, full);
                 fa_rows_to_bf16_pairs(sc->s, BWD_LDS, mrows, ncols, (uint32_t *)sc->s);
                 fa_rows_to_bf16_pairs(sc->ds, BWD_LDS, mrows, ncols, sc->dsp);
@@ -383,8 +402,18 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
                 bwd_key_grad_bf16(krows, w, mrows, (const uint32_t *)sc->s, dop, ld, sc->dv, ld, first, pf_dq);
                 bwd_key_grad_bf16(krows, w, mrows, sc->dsp, qp, ld, sc->dk, ld, first, fa_prefetch_range(NULL, 0));
                 first = 0;
-                bwd_query_grad_bf16(rows, w, nk, (const uint32_t *)sc->ds, (const uint32_t *)sc->k, ld, dq,
-                                    !L->dq_touched[slot], fa_prefetch_range(NULL, 0));
+#ifdef FA_CPU_AMX
+                if (amx) { /* dS rows as pairs of keys, zero from ncols on to a whole tile of pairs */
+                    const int64_t r16 = fa_round_up(rows, 16), kp16 = fa_round_up(fa_ceil_div(nk, 2), 16);
+                    for (int64_t r = 0; r < r16 && kp16 > ncols / 2; r++)
+                        memset((uint32_t *)(sc->ds + r * BWD_LDS) + ncols / 2, 0,
+                               sizeof(uint32_t) * (size_t)(kp16 - ncols / 2));
+                    fa_amx_gemm(r16, w, kp16, (const uint32_t *)sc->ds, BWD_LDS, (const uint32_t *)sc->k, ld, FA_VL, dq,
+                                w, L->dq_touched[slot]);
+                } else
+#endif
+                    bwd_query_grad_bf16(rows, w, nk, (const uint32_t *)sc->ds, (const uint32_t *)sc->k, ld, dq,
+                                        !L->dq_touched[slot], fa_prefetch_range(NULL, 0));
                 L->dq_touched[slot] = 1;
                 continue;
             }
@@ -401,6 +430,9 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
         }
     }
 
+#ifdef FA_CPU_AMX
+    if (amx) fa_amx_end();
+#endif
     const float dk_mul = bf16 ? p->softmax_scale : 1.0f; /* the bf16 products' dK is of the unscaled Q */
     for (int64_t j = 0; j < nk; j++) {
         const int64_t ko = fa_offset(p, &p->dk, b, s.tok_k, j0 + j, kvh);

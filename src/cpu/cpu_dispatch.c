@@ -2,16 +2,18 @@
 /*
  * cpu_dispatch.c - the CPU backend's entry points, each passed on to the kernels of one instruction-set level.
  *
- * On x86-64 the Makefile compiles the other files of src/cpu once per level (AVX-512 with the bf16 dot product,
- * AVX-512, AVX2 + FMA, and the compiler's baseline), each time with that level's target flags and -DFA_CPU_ISA=<level>,
- * which gives the level's functions its name as a suffix (cpu_internal.h); it compiles this file once, for the
- * baseline, with -DFA_CPU_DISPATCH. The first call picks the widest level the processor runs, or a narrower one named
- * by FLASHATTN_CPU_SIMD, and every later call of the process uses the same one: a workspace sized under one level must
- * fit the call that uses it (the vector width sets the row padding).
+ * On x86-64 the Makefile compiles the other files of src/cpu once per level (AMX tiles for the bf16 forward,
+ * AVX-512 with the bf16 dot product, AVX-512, AVX2 + FMA, and the compiler's baseline), each time with that level's
+ * target flags and -DFA_CPU_ISA=<level>, which gives the level's functions its name as a suffix (cpu_internal.h); it
+ * compiles this file once, for the baseline, with -DFA_CPU_DISPATCH. The first call picks the widest level the
+ * processor runs, or a narrower one named by FLASHATTN_CPU_SIMD, and every later call of the process uses the same one:
+ * a workspace sized under one level must fit the call that uses it (the vector width sets the row padding).
  *
  * A build without FA_CPU_DISPATCH (NATIVE=1, another architecture, the sources compiled by hand) holds one
  * level, the compiler's: the kernels keep their plain names and this file only names that level.
  */
+#define _DEFAULT_SOURCE 1 /* syscall(), for the AMX permission */
+
 #include "internal.h"
 
 #ifdef FA_CPU_DISPATCH
@@ -20,6 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #define CPU_LEVEL_DECLARE(isa)                                                                             \
     size_t fa_cpu_workspace_size_##isa(const fa_params *p, int num_threads, int backward);                 \
@@ -27,6 +33,7 @@
     fa_status fa_cpu_bwd_##isa(const fa_params *p, const fa_exec *x);                                      \
     size_t fa_cpu_kvcache_workspace_size_##isa(const fa_params *p, const fa_kvcache *kv, int num_threads); \
     fa_status fa_cpu_fwd_kvcache_##isa(const fa_params *p, const fa_kvcache *kv, const fa_exec *x);
+CPU_LEVEL_DECLARE(amx)
 CPU_LEVEL_DECLARE(avx512bf16)
 CPU_LEVEL_DECLARE(avx512)
 CPU_LEVEL_DECLARE(avx2)
@@ -51,6 +58,24 @@ static int cpu_runs_avx512bf16(void) {
     unsigned a, b, c, d;
     return cpu_runs_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
+/* AMX-BF16 and AMX-TILE are CPUID leaf 7, EDX bits 22 and 24; the OS must hold the tile state (XCR0 bits 17
+ * and 18) and grant it to this process, which Linux does on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA, 18); asked once, at the first choice. */
+static int cpu_runs_amx(void) {
+    unsigned a, b, c, d;
+    if (!cpu_runs_avx512bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+        return 0;
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+#ifdef __linux__
+    static int granted = -1;
+    if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+    return granted;
+#else
+    return 0;
+#endif
+}
 static int cpu_runs_portable(void) {
     return 1;
 }
@@ -73,7 +98,7 @@ typedef struct cpu_level {
         .fwd_kvcache = fa_cpu_fwd_kvcache_##isa                                                                       \
     }
 /* Widest first; the last runs everywhere. */
-static const cpu_level cpu_levels[] = { CPU_LEVEL(avx512bf16), CPU_LEVEL(avx512), CPU_LEVEL(avx2),
+static const cpu_level cpu_levels[] = { CPU_LEVEL(amx), CPU_LEVEL(avx512bf16), CPU_LEVEL(avx512), CPU_LEVEL(avx2),
                                         CPU_LEVEL(portable) };
 #define CPU_LEVELS ((int)(sizeof cpu_levels / sizeof cpu_levels[0]))
 
@@ -117,7 +142,7 @@ static const char *cpu_simd_env(void) {
 }
 
 static fa_status cpu_bad_env(void) {
-    return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s is not avx512bf16, avx512, avx2 or portable", CPU_SIMD_ENV,
+    return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s is not amx, avx512bf16, avx512, avx2 or portable", CPU_SIMD_ENV,
                    cpu_simd_env());
 }
 
@@ -154,14 +179,14 @@ const char *fa_cpu_simd_choice(void) {
     int best = 0;
     while (!cpu_levels[best].runs()) best++;
     if (c & CPU_CHOICE_BAD_ENV)
-        snprintf(text, sizeof text, "%s=%s is not avx512bf16, avx512, avx2 or portable: CPU backend calls fail",
+        snprintf(text, sizeof text, "%s=%s is not amx, avx512bf16, avx512, avx2 or portable: CPU backend calls fail",
                  CPU_SIMD_ENV, cpu_simd_env());
     else if (c & CPU_CHOICE_FORCED)
         snprintf(text, sizeof text, "%s=%s; this CPU runs up to %s", CPU_SIMD_ENV, cpu_simd_env(),
                  cpu_levels[best].name);
     else
         snprintf(text, sizeof text,
-                 "chosen at run time: the widest of avx512bf16, avx512, avx2, portable that this CPU runs");
+                 "chosen at run time: the widest of amx, avx512bf16, avx512, avx2, portable that this CPU runs");
     return text;
 }
 

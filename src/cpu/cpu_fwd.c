@@ -41,7 +41,10 @@ typedef struct fwd_layout {
     float *v_packed;              /* V as packed fp32 rows (bf16 products: pair rows, fwd_pack_keys_bf16) */
     uint8_t *v_bad;               /* (heads_kv, key tokens): the V row holds a non-finite value */
     uint8_t *kb_bad;              /* (heads_kv, key blocks): the block holds such a row */
-    char *scratch;                /* per thread, scratch_bytes each */
+#ifdef FA_CPU_AMX
+    uint32_t *vt; /* AMX: V^T as pairs of keys, (heads_kv, key blocks, head_dim, FA_FWD_BC / 2) */
+#endif
+    char *scratch; /* per thread, scratch_bytes each */
     size_t scratch_bytes;
 } fwd_layout;
 
@@ -54,6 +57,9 @@ typedef struct fwd_scratch {
     float *alpha;     /* (FA_FWD_BR): rescale of the accumulator for the current key block */
     float *qpos;      /* (FA_FWD_BR): query position on the key axis, for ALiBi */
     int32_t *lo, *hi; /* (FA_FWD_BR): visible key range of each row */
+#ifdef FA_CPU_AMX
+    float *ot; /* AMX: (row width, FWD_LDS): the output accumulator transposed */
+#endif
 } fwd_scratch;
 
 static fwd_scratch fwd_scratch_carve(const fa_params *p, fa_arena *a) {
@@ -68,6 +74,9 @@ static fwd_scratch fwd_scratch_carve(const fa_params *p, fa_arena *a) {
     s.qpos = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
     s.lo = fa_arena_take(a, sizeof(int32_t) * FA_FWD_BR);
     s.hi = fa_arena_take(a, sizeof(int32_t) * FA_FWD_BR);
+#ifdef FA_CPU_AMX
+    s.ot = fa_arena_take(a, sizeof(float) * fa_cpu_row_width(p) * FWD_LDS);
+#endif
     return s;
 }
 
@@ -80,6 +89,9 @@ static size_t fwd_layout_carve(const fa_params *p, int threads, char *base, fwd_
     L->v_packed = fa_arena_take(&a, sizeof(float) * p->heads_kv * fa_cpu_tokens(p, 1) * fa_cpu_row_stride(p));
     L->v_bad = fa_arena_take(&a, (size_t)(p->heads_kv * fa_cpu_tokens(p, 1)));
     L->kb_bad = fa_arena_take(&a, (size_t)(p->heads_kv * nkb));
+#ifdef FA_CPU_AMX
+    L->vt = fa_arena_take(&a, sizeof(uint32_t) * p->heads_kv * nkb * p->head_dim * (FA_FWD_BC / 2));
+#endif
     fa_arena scratch = { NULL, 0 };
     fwd_scratch_carve(p, &scratch);
     L->scratch_bytes = (scratch.used + 63) & ~(size_t)63;
@@ -154,11 +166,53 @@ static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
 }
 #endif
 
+#ifdef FA_CPU_AMX
+/* fwd_pack_keys for AMX: K as row-major pairs along head_dim (FA_FWD_BC rows of head_dim / 2 words, zero past
+ * the sequence), the A operand of S^T = K Q^T; V^T as pairs of keys (head_dim rows of FA_FWD_BC / 2 words, zero
+ * past the sequence and for a row with a non-finite value), the A operand of O^T += V^T P^T. */
+static void fwd_pack_keys_amx(const fwd_ctx *cx, int64_t h, int64_t kg) {
+    const fa_params *p = cx->p;
+    const int64_t d = p->head_dim, dp = d / 2, kp_max = FA_FWD_BC / 2;
+    const int64_t b = fa_cpu_block_owner(cx->L->k_prefix, p->batch, kg);
+    const fa_seq s = fa_seq_get(p, b);
+    const int64_t j0 = (kg - cx->L->k_prefix[b]) * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
+    uint32_t *panel = (uint32_t *)(cx->L->kt + (h * cx->nkb + kg) * d * FA_FWD_BC);
+    const uint16_t *k16 = p->k.data, *v16 = p->v.data;
+    for (int64_t j = 0; j < FA_FWD_BC; j++) {
+        uint32_t *dst = panel + j * dp;
+        if (j < nk)
+            memcpy(dst, k16 + fa_offset(p, &p->k, b, s.tok_k, j0 + j, h), sizeof(uint32_t) * (size_t)dp);
+        else
+            memset(dst, 0, sizeof(uint32_t) * (size_t)dp);
+    }
+    uint8_t any = 0;
+    uint8_t *v_bad = cx->L->v_bad + h * cx->tk + fwd_key_token(p, b, &s) + j0;
+    for (int64_t j = 0; j < nk; j++) {
+        v_bad[j] = (uint8_t)fwd_bf16_row_bad(v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + j, h), d);
+        any |= v_bad[j];
+    }
+    uint32_t *vt = cx->L->vt + (h * cx->nkb + kg) * d * kp_max;
+    for (int64_t t = 0; t < kp_max; t++) {
+        const int lo_ok = 2 * t < nk && !v_bad[2 * t], hi_ok = 2 * t + 1 < nk && !v_bad[2 * t + 1];
+        const uint16_t *lo = lo_ok ? v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + 2 * t, h) : NULL;
+        const uint16_t *hi = hi_ok ? v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + 2 * t + 1, h) : NULL;
+        for (int64_t c = 0; c < d; c++) vt[c * kp_max + t] = (lo ? lo[c] : 0u) | (hi ? (uint32_t)hi[c] << 16 : 0u);
+    }
+    cx->L->kb_bad[h * cx->nkb + kg] = any;
+}
+#endif
+
 /* K panels of key block kg (numbered across the batch) of kv head h, zero past the sequence, and the packed
  * copy of the block's V rows. A V row with a non-finite value is packed as zeros and flagged: inside the P V
  * product its NaN or Inf would reach, through a zero weight, rows that do not see the key (0 * Inf is NaN);
  * the rows that do see it get O = NaN at the end (flashattn.h). */
 static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
+#ifdef FA_CPU_AMX
+    if (fa_cpu_amx_products(cx->p)) {
+        fwd_pack_keys_amx(cx, h, kg);
+        return;
+    }
+#endif
 #ifdef FA_CPU_BF16
     if (fa_cpu_bf16_products(cx->p)) {
         fwd_pack_keys_bf16(cx, h, kg);
@@ -354,10 +408,17 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
     }
 
     uint8_t v_bad = 0; /* a key block of this task holds a V row with a non-finite value */
-    const int bf16 = fa_cpu_bf16_products(p);
+    const int bf16 = fa_cpu_bf16_products(p), amx = fa_cpu_amx_products(p);
+    (void)amx; /* read only on the AMX level */
     if (jbeg < jend) {
         fwd_load_qt(p, sc, b, &s, h, i0, mrows, ncols, bf16);
         for (int64_t i = 0; i < rows; i++) memset(sc->o + i * ldo, 0, sizeof(float) * w);
+#ifdef FA_CPU_AMX
+        if (amx) {
+            fa_amx_begin();
+            memset(sc->ot, 0, sizeof(float) * (size_t)(w * FWD_LDS));
+        }
+#endif
         const float slope = fa_alibi_slope(p, b, h);
         const uint8_t *kb_bad = cx->L->kb_bad + kvh * cx->nkb + cx->L->k_prefix[b];
         const float *kt = cx->L->kt + (kvh * cx->nkb + cx->L->k_prefix[b]) * d * FA_FWD_BC;
@@ -379,6 +440,28 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
             const fa_prefetch pf_v = fa_prefetch_range(vrow, (int64_t)sizeof(float) * v_rows * cx->v.stride_seq);
             const fa_prefetch pf_k = fa_prefetch_range(kb + 1 < kb_end ? kt + (kb + 1) * d * FA_FWD_BC : NULL,
                                                        (int64_t)sizeof(float) * d * FA_FWD_BC);
+#ifdef FA_CPU_AMX
+            if (amx) {
+                const int64_t kp = fa_ceil_div(nk, 2), kp16 = fa_round_up(kp, 16), nq = ncols - c0;
+                /* S^T = K Q^T: K rows of the block, Q^T strips from c0 */
+                fa_amx_gemm(fa_round_up(nk, 16), nq, d / 2, (const uint32_t *)(kt + kb * d * FA_FWD_BC), d / 2,
+                            (const uint32_t *)sc->qt + c0 / FA_VL * FA_VL * (d / 2), FA_VL, FA_VL * (d / 2),
+                            sc->st + c0, FWD_LDS, 0);
+                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale);
+                uint32_t *pt = (uint32_t *)(sc->st + c0);
+                fa_rows_to_bf16_pairs(sc->st + c0, FWD_LDS, nk, nq, pt);
+                for (int64_t t = kp; t < kp16; t++) memset(pt + t * FWD_LDS, 0, sizeof(uint32_t) * (size_t)nq);
+                /* O^T = O^T diag(alpha) + V^T P^T over the columns from c0 */
+                for (int64_t c = 0; c < w; c++)
+                    for (int64_t q = 0; q < nq; q += FA_VL) {
+                        float *x = sc->ot + c * FWD_LDS + c0 + q;
+                        fa_vstore(x, fa_vload(x) * fa_vload(sc->alpha + c0 + q));
+                    }
+                fa_amx_gemm(w, nq, kp16, cx->L->vt + (kvh * cx->nkb + cx->L->k_prefix[b] + kb) * d * (FA_FWD_BC / 2),
+                            FA_FWD_BC / 2, pt, FWD_LDS, FA_VL, sc->ot + c0, FWD_LDS, 1);
+                continue;
+            }
+#endif
 #ifdef FA_CPU_BF16
             if (bf16) {
                 fwd_scores_bf16((const uint32_t *)(kt + kb * d * FA_FWD_BC),
@@ -398,6 +481,13 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
         }
     }
 
+#ifdef FA_CPU_AMX
+    if (amx && jbeg < jend) { /* O from its transpose */
+        fa_amx_end();
+        for (int64_t i = 0; i < mrows; i++)
+            for (int64_t c = 0; c < w; c++) sc->o[i * ldo + c] = sc->ot[c * FWD_LDS + i];
+    }
+#endif
     /* A row is empty when the mask leaves it no key, never because of its sum: l is NaN after a NaN or +Inf
      * score and 0 when every visible score is -Inf (fp32 overflow), and both rows are NaN. */
     const uint8_t *v_bad_row = cx->L->v_bad + kvh * cx->tk + fwd_key_token(p, b, &s);

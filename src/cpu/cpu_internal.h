@@ -158,6 +158,17 @@ static inline int fa_cpu_bf16_products(const fa_params *p) {
 #endif
 }
 
+/* Whether the bf16 products run on AMX tiles (cpu_simd.h): bf16 inputs on the AMX level, head_dim a whole
+ * number of 32-element tile rows (the others stay on vdpbf16ps). */
+static inline int fa_cpu_amx_products(const fa_params *p) {
+#ifdef FA_CPU_AMX
+    return fa_cpu_bf16_products(p) && p->head_dim % 32 == 0;
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
 /* The forward and backward each size and carve their own workspace. */
 size_t fa_cpu_fwd_workspace(const fa_params *p, int threads);
 size_t fa_cpu_bwd_workspace(const fa_params *p, int threads);

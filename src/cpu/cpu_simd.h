@@ -404,4 +404,119 @@ FA_INLINE void fa_gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t *a,
 }
 #endif
 
+#if defined(FA_AMX_EMULATE) && defined(__AVX512BF16__)
+/* Tests only (make test-amx-emulated): the AMX instructions the kernels use, in plain C on this thread's eight
+ * emulated tiles, so that the AMX level's data layouts are tested on a processor without AMX. */
+static _Thread_local unsigned char fa_emu_tile[8][16][64];
+#undef _tile_loadconfig
+#undef _tile_release
+#undef _tile_zero
+#undef _tile_loadd
+#undef _tile_stored
+#undef _tile_dpbf16ps
+#define _tile_loadconfig(cfg) ((void)(cfg))
+#define _tile_release()       ((void)0)
+#define _tile_zero(t)         memset(fa_emu_tile[t], 0, sizeof fa_emu_tile[t])
+#define _tile_loadd(t, p, stride)                                                                          \
+    do {                                                                                                   \
+        for (int r_ = 0; r_ < 16; r_++) memcpy(fa_emu_tile[t][r_], (const char *)(p) + r_ * (stride), 64); \
+    } while (0)
+#define _tile_stored(t, p, stride)                                                                   \
+    do {                                                                                             \
+        for (int r_ = 0; r_ < 16; r_++) memcpy((char *)(p) + r_ * (stride), fa_emu_tile[t][r_], 64); \
+    } while (0)
+static inline float fa_emu_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* c[m][n] += sum_k a[m][2k] b[k][2n] + a[m][2k + 1] b[k][2n + 1], bf16 pairs, fp32 accumulators */
+static inline void fa_emu_dpbf16ps(int c, int a, int b) {
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 16; n++) {
+            float acc;
+            memcpy(&acc, &fa_emu_tile[c][m][4 * n], 4);
+            for (int k = 0; k < 16; k++) {
+                uint16_t a0, a1, b0, b1;
+                memcpy(&a0, &fa_emu_tile[a][m][4 * k], 2), memcpy(&a1, &fa_emu_tile[a][m][4 * k + 2], 2);
+                memcpy(&b0, &fa_emu_tile[b][k][4 * n], 2), memcpy(&b1, &fa_emu_tile[b][k][4 * n + 2], 2);
+                acc += fa_emu_bf16(a0) * fa_emu_bf16(b0) + fa_emu_bf16(a1) * fa_emu_bf16(b1);
+            }
+            memcpy(&fa_emu_tile[c][m][4 * n], &acc, 4);
+        }
+}
+#define _tile_dpbf16ps(c, a, b) fa_emu_dpbf16ps(c, a, b)
+#define FA_AMX_AVAILABLE        1
+#elif defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define FA_AMX_AVAILABLE 1
+#endif
+
+#ifdef FA_AMX_AVAILABLE
+/* This level runs the bf16 products of the forward on AMX tiles (tdpbf16ps: a 16 x 16 fp32 tile += a 16 x 32
+ * bf16 tile times a 32 x 16 one, held as 16 rows of pairs): operands in the bf16-pair words of the level
+ * above, A row-major (a row's pairs contiguous), B as pair rows (the layout vdpbf16ps broadcasts against). */
+#define FA_CPU_AMX 1
+
+/* Every tile 16 rows of 64 bytes (tiles 0-3 accumulators, 4-5 A, 6-7 B). The configuration is per thread;
+ * loading it zeroes the tiles. */
+FA_INLINE void fa_amx_begin(void) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    _tile_loadconfig(&cfg);
+}
+FA_INLINE void fa_amx_end(void) {
+    _tile_release();
+}
+
+/*
+ * C (m x n fp32, ldc floats) = A B, or += with add: A is m rows of kp pair words at stride lda words, B holds
+ * kp pair rows of n words, its 16-column group g of pair row k at b + g * b_group + k * b_row. m, n and kp are
+ * multiples of 16. Blocks of 32 x 32 (four accumulator tiles, two A and two B tiles), 16-wide at the edges.
+ */
+FA_INLINE void fa_amx_gemm(int64_t m, int64_t n, int64_t kp, const uint32_t *a, int64_t lda, const uint32_t *b,
+                           int64_t b_row, int64_t b_group, float *c, int64_t ldc, int add) {
+    const size_t sa = (size_t)lda * 4, sb = (size_t)b_row * 4, sc = (size_t)ldc * 4;
+    for (int64_t i = 0; i < m; i += 32) {
+        const int two_m = m - i >= 32;
+        for (int64_t j = 0; j < n; j += 32) {
+            const int two_n = n - j >= 32;
+            float *c00 = c + i * ldc + j, *c01 = c00 + 16, *c10 = c00 + 16 * ldc, *c11 = c10 + 16;
+            if (add) {
+                _tile_loadd(0, c00, sc);
+                if (two_n) _tile_loadd(1, c01, sc);
+                if (two_m) _tile_loadd(2, c10, sc);
+                if (two_m && two_n) _tile_loadd(3, c11, sc);
+            } else {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            }
+            const uint32_t *b0 = b + j / 16 * b_group, *b1 = b0 + b_group;
+            for (int64_t k = 0; k < kp; k += 16) {
+                _tile_loadd(4, a + i * lda + k, sa);
+                if (two_m) _tile_loadd(5, a + (i + 16) * lda + k, sa);
+                _tile_loadd(6, b0 + k * b_row, sb);
+                if (two_n) _tile_loadd(7, b1 + k * b_row, sb);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two_n) _tile_dpbf16ps(1, 4, 7);
+                if (two_m) _tile_dpbf16ps(2, 5, 6);
+                if (two_m && two_n) _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, c00, sc);
+            if (two_n) _tile_stored(1, c01, sc);
+            if (two_m) _tile_stored(2, c10, sc);
+            if (two_m && two_n) _tile_stored(3, c11, sc);
+        }
+    }
+}
+#endif
+
 #endif
