@@ -1331,17 +1331,22 @@ template <int D>
 static __device__ __forceinline__ void fa3_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
                                                     float (&inv)[2], float (&lse)[2], const fa3_args &a,
                                                     const fa3_tile &g, int seq_row0) {
+    bool empty_row[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+        empty_row[hh] = g.len_k == 0 ||
+                        (a.window_right >= 0 && (long long)seq_row0 + 8 * hh + g.len_k - g.len_q + a.window_right < 0);
+    /* zeroed under a warp-uniform branch: a per-thread one made ptxas copy every O register on both paths */
+    if (__any_sync(0xffffffffu, empty_row[0] || empty_row[1])) {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i)
+            if (empty_row[(i >> 1) & 1]) o[i] = 0.0f;
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
         l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-        const bool empty = g.len_k == 0 || (a.window_right >= 0 &&
-                                            (long long)seq_row0 + 8 * hh + g.len_k - g.len_q + a.window_right < 0);
-        if (empty) {
-#pragma unroll
-            for (int i = 0; i < D / 2; ++i)
-                if (((i >> 1) & 1) == hh) o[i] = 0.0f;
-        }
+        const bool empty = empty_row[hh];
         inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? 1.0f / l[hh] : NAN;
         lse[hh] = empty          ? -INFINITY
                   : l[hh] > 0.0f ? (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
