@@ -119,12 +119,28 @@ static int64_t fwd_key_token(const fa_params *p, int64_t b, const fa_seq *s) {
     return fa_is_varlen(p) ? s->tok_k : b * p->seqlen_k;
 }
 
+/* Word c of a bf16 row: elements 2c (low half) and 2c + 1. */
+static uint32_t fwd_bf16_pair(const uint16_t *row, int64_t c) {
+    uint32_t w;
+    memcpy(&w, row + 2 * c, sizeof w);
+    return w;
+}
+
 #ifdef FA_CPU_BF16
-/* A bf16 row's non-finite values: exponent bits all ones. */
+/* A bf16 row's non-finite values: exponent bits all ones, which adding 0x80 to the exponent field carries into
+ * the sign bit; two values per 32-bit word (n is even), a vector of words at a time. */
 static int fwd_bf16_row_bad(const uint16_t *row, int64_t n) {
-    int bad = 0;
-    for (int64_t c = 0; c < n; c++) bad |= (row[c] & 0x7f80) == 0x7f80;
-    return bad;
+    fa_vu acc = { 0 };
+    int64_t c = 0;
+    for (; c + FA_VL <= n / 2; c += FA_VL) {
+        fa_vu w;
+        memcpy(&w, row + 2 * c, sizeof w);
+        acc |= (w & 0x7f807f80u) + 0x00800080u;
+    }
+    uint32_t any = 0;
+    for (int l = 0; l < FA_VL; l++) any |= acc[l];
+    for (; c < n / 2; c++) any |= (fwd_bf16_pair(row, c) & 0x7f807f80u) + 0x00800080u;
+    return (any & 0x80008000u) != 0;
 }
 
 /* fwd_pack_keys for the bf16 products: the K micro-panels hold pairs along head_dim (FA_MR keys side by side
@@ -143,7 +159,7 @@ static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
         uint32_t *dst = panel + j / FA_MR * FA_MR * dp + j % FA_MR;
         if (j < nk) {
             const uint16_t *row = k16 + fa_offset(p, &p->k, b, s.tok_k, j0 + j, h);
-            for (int64_t c = 0; c < dp; c++) dst[c * FA_MR] = row[2 * c] | (uint32_t)row[2 * c + 1] << 16;
+            for (int64_t c = 0; c < dp; c++) dst[c * FA_MR] = fwd_bf16_pair(row, c);
         } else {
             for (int64_t c = 0; c < dp; c++) dst[c * FA_MR] = 0;
         }
@@ -363,7 +379,7 @@ static void fwd_load_qt(const fa_params *p, fwd_scratch *sc, int64_t b, const fa
         for (int64_t i = 0; i < ncols; i++) {
             uint32_t *dst = qt + i / FA_VL * FA_VL * (d / 2) + i % FA_VL;
             const uint16_t *row = i < mrows ? q16 + fa_offset(p, &p->q, b, s->tok_q, i0 + i, h) : NULL;
-            for (int64_t c = 0; c < d / 2; c++) dst[c * FA_VL] = row ? row[2 * c] | (uint32_t)row[2 * c + 1] << 16 : 0u;
+            for (int64_t c = 0; c < d / 2; c++) dst[c * FA_VL] = row ? fwd_bf16_pair(row, c) : 0u;
         }
         return;
     }
