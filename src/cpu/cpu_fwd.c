@@ -267,13 +267,28 @@ static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
     cx->L->kb_bad[h * cx->nkb + kg] = any;
 }
 
+/* Probabilities of keys j and j + 1 (j even) into the transposed tile column col: as floats in rows j and j + 1,
+ * or (pairs, the bf16 products) as their bf16 pair in row j / 2, which the loop has read already. */
+static inline void fwd_store_probs(float *col, int64_t j, fa_vf p0, fa_vf p1, int pairs) {
+#ifdef FA_CPU_BF16
+    if (pairs) {
+        *(fa_vu_u *)(col + j / 2 * FWD_LDS) = (fa_vu_u)fa_bf16_pairs(p0, p1);
+        return;
+    }
+#else
+    (void)pairs;
+#endif
+    fa_vstore(col + j * FWD_LDS, p0);
+    fa_vstore(col + (j + 1) * FWD_LDS, p1);
+}
+
 /*
  * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the scores times
  * scale (1 where Q came pre-scaled), the score modifications (softcap, ALiBi, mask), the running max,
  * P = exp2((S - m) log2 e), the running sum, and the rescale factors alpha of the accumulator.
  */
 static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int64_t nk, int masked, float softcap,
-                        float alibi_slope, float scale) {
+                        float alibi_slope, float scale, int pairs) {
     const int transform = masked || softcap > 0.0f || alibi_slope != 0.0f;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
     const fa_vf log2e = fa_vset1(FA_LOG2E);
@@ -317,14 +332,13 @@ static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int
         for (; j + 2 <= nk; j += 2) {
             fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) * ps - m_use) * log2e);
             fa_vf p1 = fa_vexp2_nonpos((fa_vload(col + (j + 1) * FWD_LDS) * ps - m_use) * log2e);
-            fa_vstore(col + j * FWD_LDS, p0);
-            fa_vstore(col + (j + 1) * FWD_LDS, p1);
+            fwd_store_probs(col, j, p0, p1, pairs);
             sum0 += p0;
             sum1 += p1;
         }
         if (j < nk) {
             fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) * ps - m_use) * log2e);
-            fa_vstore(col + j * FWD_LDS, p0);
+            fwd_store_probs(col, j, p0, fa_vset1(0.0f), pairs);
             sum0 += p0;
         }
         fa_vstore(sc->l + v * FA_VL, fa_vload(sc->l + v * FA_VL) * alpha + (sum0 + sum1));
@@ -358,7 +372,7 @@ FA_NOINLINE void fwd_scores_bf16(const uint32_t *panel, const uint32_t *qt, floa
     fa_gemm_bf16(m, ncols, d / 2, panel, la, qt, lb, st, FWD_LDS, FA_UK_SET, NULL, pf);
 }
 
-/* fwd_pv on bf16 pairs: P as pairs of keys (fa_rows_to_bf16_pairs on the transposed tile), V as pair rows at stride ldv
+/* fwd_pv on bf16 pairs: P as pairs of keys (fwd_softmax's pairs on the transposed tile), V as pair rows at stride ldv
  * words. */
 FA_NOINLINE void fwd_pv_bf16(const uint32_t *pt, const uint32_t *v, int64_t ldv, float *o, int64_t ldo, int64_t rows,
                              int64_t w, int64_t nk, const float *alpha, fa_prefetch pf) {
@@ -463,9 +477,8 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
                 fa_amx_gemm(fa_round_up(nk, 16), nq, d / 2, (const uint32_t *)(kt + kb * d * FA_FWD_BC), d / 2,
                             (const uint32_t *)sc->qt + c0 / FA_VL * FA_VL * (d / 2), FA_VL, FA_VL * (d / 2),
                             sc->st + c0, FWD_LDS, 0);
-                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale);
+                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale, 1);
                 uint32_t *pt = (uint32_t *)(sc->st + c0);
-                fa_rows_to_bf16_pairs(sc->st + c0, FWD_LDS, nk, nq, pt);
                 for (int64_t t = kp; t < kp16; t++) memset(pt + t * FWD_LDS, 0, sizeof(uint32_t) * (size_t)nq);
                 /* O^T = O^T diag(alpha) + V^T P^T over the columns from c0 */
                 for (int64_t c = 0; c < w; c++)
@@ -483,8 +496,7 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
                 fwd_scores_bf16((const uint32_t *)(kt + kb * d * FA_FWD_BC),
                                 (const uint32_t *)sc->qt + c0 / FA_VL * FA_VL * (d / 2), sc->st + c0,
                                 fa_round_up(nk, FA_MR), ncols - c0, d, pf_v);
-                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale);
-                fa_rows_to_bf16_pairs(sc->st + c0, FWD_LDS, nk, ncols - c0, (uint32_t *)(sc->st + c0));
+                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale, 1);
                 fwd_pv_bf16((const uint32_t *)(sc->st + c0), (const uint32_t *)vrow, cx->v.stride_seq, sc->o + c0 * ldo,
                             ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
                 continue;
@@ -492,7 +504,7 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
 #endif
             fwd_scores(kt + kb * d * FA_FWD_BC, sc->qt + c0 / FA_VL * FA_VL * d, sc->st + c0, fa_round_up(nk, FA_MR),
                        ncols - c0, d, pf_v);
-            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, 1.0f);
+            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, 1.0f, 0);
             fwd_pv(sc->st + c0, vrow, cx->v.stride_seq, sc->o + c0 * ldo, ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
         }
     }
