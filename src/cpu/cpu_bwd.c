@@ -265,7 +265,9 @@ static void bwd_tile_to_bf16(float *t, int64_t rows, int64_t n) {
 
 /* A bf16 row as a word: elements 2t and 2t + 1. */
 static inline uint32_t bwd_pair(const uint16_t *row, int64_t t) {
-    return row[2 * t] | (uint32_t)row[2 * t + 1] << 16;
+    uint32_t w;
+    memcpy(&w, row + 2 * t, sizeof w); /* one load, not two and a shift */
+    return w;
 }
 
 /* bwd_pack_key_block for the bf16 products: the K_j^T, V_j^T panels in strips of pairs along head_dim, and K_j
@@ -530,12 +532,14 @@ static void bwd_store_dq(const bwd_ctx *cx, int64_t h, int64_t qg) {
             fa_cpu_store_zero_row(p->dq.data, p->dtype, o, d);
             continue;
         }
+        const int64_t dv = d / FA_VL * FA_VL; /* whole vectors, then the rest (head_dim is a multiple of 8) */
         for (int64_t c = 0; c < d; c++) sum[c] = 0.0f;
         for (int64_t k = 0; k < L->chunks; k++) {
             const int64_t slot = (k * p->heads_q + h) * L->nqb_max + qg;
             if (!L->dq_touched[slot]) continue;
             const float *src = L->dq_acc + (slot * FA_BWD_BR + r) * w;
-            for (int64_t c = 0; c < d; c++) sum[c] += src[c];
+            for (int64_t c = 0; c < dv; c += FA_VL) fa_vstore(sum + c, fa_vload(sum + c) + fa_vload(src + c));
+            for (int64_t c = dv; c < d; c++) sum[c] += src[c];
         }
         fa_cpu_store_row(p->dq.data, p->dtype, o, d, sum, p->softmax_scale);
     }
