@@ -126,6 +126,21 @@ static uint32_t fwd_bf16_pair(const uint16_t *row, int64_t c) {
     return w;
 }
 
+/* Key block kg (numbered across the batch): its sequence, first key and key count. */
+typedef struct fwd_key_block {
+    int64_t b, j0, nk;
+    fa_seq s;
+} fwd_key_block;
+
+static fwd_key_block fwd_key_block_get(const fwd_ctx *cx, int64_t kg) {
+    fwd_key_block k;
+    k.b = fa_cpu_block_owner(cx->L->k_prefix, cx->p->batch, kg);
+    k.s = fa_seq_get(cx->p, k.b);
+    k.j0 = (kg - cx->L->k_prefix[k.b]) * FA_FWD_BC;
+    k.nk = fa_min64(FA_FWD_BC, k.s.len_k - k.j0);
+    return k;
+}
+
 #ifdef FA_CPU_BF16
 /* A bf16 row's non-finite values: exponent bits all ones, which adding 0x80 to the exponent field carries into
  * the sign bit; two values per 32-bit word (n is even), a vector of words at a time. */
@@ -143,6 +158,20 @@ static int fwd_bf16_row_bad(const uint16_t *row, int64_t n) {
     return (any & 0x80008000u) != 0;
 }
 
+/* Flags the block's V rows that hold a non-finite value (v_bad) and the block itself (kb_bad); returns the
+ * block's row flags. */
+static const uint8_t *fwd_flag_bad_v_bf16(const fwd_ctx *cx, int64_t h, int64_t kg, const fwd_key_block *kb) {
+    const fa_params *p = cx->p;
+    const uint16_t *v16 = p->v.data;
+    uint8_t any = 0, *v_bad = cx->L->v_bad + h * cx->tk + fwd_key_token(p, kb->b, &kb->s) + kb->j0;
+    for (int64_t j = 0; j < kb->nk; j++) {
+        v_bad[j] = (uint8_t)fwd_bf16_row_bad(v16 + fa_offset(p, &p->v, kb->b, kb->s.tok_k, kb->j0 + j, h), p->head_dim);
+        any |= v_bad[j];
+    }
+    cx->L->kb_bad[h * cx->nkb + kg] = any;
+    return v_bad;
+}
+
 /* fwd_pack_keys for the bf16 products: the K micro-panels hold pairs along head_dim (FA_MR keys side by side
  * for each pair, head_dim / 2 words per key) and V is packed as pairs of keys, pair row t of the block (keys
  * j0 + 2t and j0 + 2t + 1, zero past the sequence, every column up to the row width) in row j0 + t of the
@@ -150,9 +179,9 @@ static int fwd_bf16_row_bad(const uint16_t *row, int64_t n) {
 static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
     const fa_params *p = cx->p;
     const int64_t d = p->head_dim, dp = d / 2, w = fa_cpu_row_width(p);
-    const int64_t b = fa_cpu_block_owner(cx->L->k_prefix, p->batch, kg);
-    const fa_seq s = fa_seq_get(p, b);
-    const int64_t j0 = (kg - cx->L->k_prefix[b]) * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
+    const fwd_key_block kb = fwd_key_block_get(cx, kg);
+    const int64_t b = kb.b, j0 = kb.j0, nk = kb.nk;
+    const fa_seq s = kb.s;
     uint32_t *panel = (uint32_t *)(cx->L->kt + (h * cx->nkb + kg) * d * FA_FWD_BC);
     const uint16_t *k16 = p->k.data, *v16 = p->v.data;
     for (int64_t j = 0; j < FA_FWD_BC; j++) {
@@ -164,12 +193,7 @@ static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
             for (int64_t c = 0; c < dp; c++) dst[c * FA_MR] = 0;
         }
     }
-    uint8_t any = 0;
-    uint8_t *v_bad = cx->L->v_bad + h * cx->tk + fwd_key_token(p, b, &s) + j0;
-    for (int64_t j = 0; j < nk; j++) {
-        v_bad[j] = (uint8_t)fwd_bf16_row_bad(v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + j, h), d);
-        any |= v_bad[j];
-    }
+    const uint8_t *v_bad = fwd_flag_bad_v_bf16(cx, h, kg, &kb);
     for (int64_t t = 0; 2 * t < nk; t++) {
         uint32_t *dst = (uint32_t *)cx->v.data + fa_offset(p, &cx->v, b, s.tok_k, j0 + t, h);
         const int lo_ok = !v_bad[2 * t], hi_ok = 2 * t + 1 < nk && !v_bad[2 * t + 1];
@@ -178,7 +202,6 @@ static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
         for (int64_t c = 0; c < d; c++) dst[c] = (lo_ok ? lo[c] : 0u) | (hi_ok ? (uint32_t)hi[c] << 16 : 0u);
         for (int64_t c = d; c < w; c++) dst[c] = 0;
     }
-    cx->L->kb_bad[h * cx->nkb + kg] = any;
 }
 #endif
 
@@ -189,9 +212,9 @@ static void fwd_pack_keys_bf16(const fwd_ctx *cx, int64_t h, int64_t kg) {
 static void fwd_pack_keys_amx(const fwd_ctx *cx, int64_t h, int64_t kg) {
     const fa_params *p = cx->p;
     const int64_t d = p->head_dim, dp = d / 2, kp_max = FA_FWD_BC / 2;
-    const int64_t b = fa_cpu_block_owner(cx->L->k_prefix, p->batch, kg);
-    const fa_seq s = fa_seq_get(p, b);
-    const int64_t j0 = (kg - cx->L->k_prefix[b]) * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
+    const fwd_key_block kb = fwd_key_block_get(cx, kg);
+    const int64_t b = kb.b, j0 = kb.j0, nk = kb.nk;
+    const fa_seq s = kb.s;
     uint32_t *panel = (uint32_t *)(cx->L->kt + (h * cx->nkb + kg) * d * FA_FWD_BC);
     const uint16_t *k16 = p->k.data, *v16 = p->v.data;
     for (int64_t j = 0; j < FA_FWD_BC; j++) {
@@ -201,12 +224,7 @@ static void fwd_pack_keys_amx(const fwd_ctx *cx, int64_t h, int64_t kg) {
         else
             memset(dst, 0, sizeof(uint32_t) * (size_t)dp);
     }
-    uint8_t any = 0;
-    uint8_t *v_bad = cx->L->v_bad + h * cx->tk + fwd_key_token(p, b, &s) + j0;
-    for (int64_t j = 0; j < nk; j++) {
-        v_bad[j] = (uint8_t)fwd_bf16_row_bad(v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + j, h), d);
-        any |= v_bad[j];
-    }
+    const uint8_t *v_bad = fwd_flag_bad_v_bf16(cx, h, kg, &kb);
     uint32_t *vt = cx->L->vt + (h * cx->nkb + kg) * d * kp_max;
     for (int64_t t = 0; t < kp_max; t++) {
         const int lo_ok = 2 * t < nk && !v_bad[2 * t], hi_ok = 2 * t + 1 < nk && !v_bad[2 * t + 1];
@@ -214,7 +232,6 @@ static void fwd_pack_keys_amx(const fwd_ctx *cx, int64_t h, int64_t kg) {
         const uint16_t *hi = hi_ok ? v16 + fa_offset(p, &p->v, b, s.tok_k, j0 + 2 * t + 1, h) : NULL;
         for (int64_t c = 0; c < d; c++) vt[c * kp_max + t] = (lo ? lo[c] : 0u) | (hi ? (uint32_t)hi[c] << 16 : 0u);
     }
-    cx->L->kb_bad[h * cx->nkb + kg] = any;
 }
 #endif
 
@@ -237,9 +254,9 @@ static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
 #endif
     const fa_params *p = cx->p;
     const int64_t d = p->head_dim;
-    const int64_t b = fa_cpu_block_owner(cx->L->k_prefix, p->batch, kg);
-    const fa_seq s = fa_seq_get(p, b);
-    const int64_t j0 = (kg - cx->L->k_prefix[b]) * FA_FWD_BC, nk = fa_min64(FA_FWD_BC, s.len_k - j0);
+    const fwd_key_block kb = fwd_key_block_get(cx, kg);
+    const int64_t b = kb.b, j0 = kb.j0, nk = kb.nk;
+    const fa_seq s = kb.s;
     float *panel = cx->L->kt + (h * cx->nkb + kg) * d * FA_FWD_BC;
     float row[256];
     for (int64_t j = 0; j < FA_FWD_BC; j++) {
