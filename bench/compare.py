@@ -13,6 +13,8 @@ What it measures
                  the head counts differ)
     flex         torch.nn.attention.flex_attention compiled once per shape, causal through a block mask
                  (opt-in: it compiles)
+    ours-paged   decode set only (opt-in): flash_attn_with_kvcache on the same cache cut into pages of
+                 --page-size rows (default 16) in a shuffled order, through a block table
   An implementation that raises on a shape (unsupported, out of memory) is recorded as missing there.
   Passes: fwd (inputs require grad, as in training, except the decode set), bwd (autograd backward of a
   forward stored once; ours-direct: fa_bwd on the forward's o and lse), fwdbwd (forward then backward).
@@ -79,7 +81,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import compare_core as core  # noqa: E402
 
-ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex")
+ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged")
 DEFAULT_IMPLS = ("ours", "ours-direct", "cudnn", "flash")
 
 # --device cpu: tiny shapes of the same sets, so the flow runs in seconds.
@@ -98,6 +100,7 @@ def parse_args(argv=None):
     ap.add_argument("--seqlens", type=core.int_list, help="paper set (default 512,...,16384)")
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both", help="paper set")
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16 (cpu: fp32)")
+    ap.add_argument("--page-size", type=int, default=16, help="rows per page of ours-paged (decode set)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mode", choices=["b2b", "single"], default="b2b")
     ap.add_argument("--l2", choices=["flush", "warm"], default="flush")
@@ -556,9 +559,29 @@ class Runner:
             return lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
         return lambda: fa.flash_attn_func(q, k, v, causal=case.causal)
 
+    def paged_impl(self, case, q, k, v):
+        """ours on the cache cut into pages of --page-size rows, stored in a shuffled order: page j of sequence b
+        is page table[b][j] of the pool (the copies live as long as the Impl)."""
+        torch, page = self.torch, self.args.page_size
+        if case.seqlen_k % page:
+            raise ValueError("the cache length %d is not a multiple of --page-size %d" % (case.seqlen_k, page))
+        per_seq = case.seqlen_k // page
+        table = torch.randperm(case.batch * per_seq, device=self.device).to(torch.int32).view(case.batch, per_seq)
+        pools = []
+        for t in (k, v):
+            pool = torch.empty((case.batch * per_seq, page) + tuple(t.shape[2:]), dtype=t.dtype, device=self.device)
+            pool[table.flatten().long()] = t.reshape((case.batch * per_seq, page) + tuple(t.shape[2:]))
+            pools.append(pool)
+        lens = torch.full((case.batch,), case.seqlen_k, dtype=torch.int32, device=self.device)
+        kp, vp = pools
+        return Impl(lambda: self.fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table),
+                    keep=(kp, vp, table, lens))
+
     def make_impl(self, impl, case, pass_, q, k, v, g):
         """The Impl timing `impl` on `pass_`; raises when the implementation cannot run the case."""
         torch = self.torch
+        if impl == "ours-paged":
+            return self.paged_impl(case, q, k, v)
         if impl == "ours-direct":
             d = Direct(torch, q, k, v, case.causal, g if pass_ != "fwd" else None)
             return Impl(getattr(d, pass_), keep=d)
@@ -609,6 +632,8 @@ class Runner:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # SDPA explains at length why a backend refuses a shape
                 for name in self.args.impls:
+                    if not core.impl_runs_on(name, case.set):
+                        continue
                     try:
                         impls[name] = self.make_impl(name, case, pass_, q, k, v, g)
                         probe_ms[name] = self.probe(impls[name])

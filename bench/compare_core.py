@@ -19,10 +19,18 @@ THROUGHPUT_UNITS = ("TFLOP/s", "TB/s")
 # Ratios printed per set: (numerator, denominator) implementations.
 RATIO_PAIRS = {
     "paper": (("ours", "cudnn"), ("ours", "flash")),
-    "decode": (("ours", "cudnn"), ("ours", "flash")),
+    "decode": (("ours", "cudnn"), ("ours", "flash"), ("ours-paged", "ours")),
     "llama": (("ours", "cudnn"), ("ours", "flash")),
     "overhead": (("ours", "sdpa"),),
 }
+
+# Implementations timed on one set only.
+SET_ONLY_IMPLS = {"ours-paged": "decode"}
+
+
+def impl_runs_on(impl, set_name):
+    return SET_ONLY_IMPLS.get(impl, set_name) == set_name
+
 
 # A ratio against this peer whose median is below 1.0 gets a trailing "<" in the table.
 MARKED_PEERS = ("cudnn",)
@@ -336,7 +344,8 @@ def csv_row(rec):
 H100_MODEL = {
     "tflops": {"fwd": 300.0, "bwd": 200.0, "fwdbwd": 220.0},
     "decode_tbps": 2.0,
-    "slowdown": {"ours": 1.0, "ours-direct": 1.0, "cudnn": 1.0, "flash": 2.0, "efficient": 3.0, "flex": 2.0},
+    "slowdown": {"ours": 1.0, "ours-direct": 1.0, "cudnn": 1.0, "flash": 2.0, "efficient": 3.0, "flex": 2.0,
+                 "ours-paged": 1.2},
     "probe_s": {"cudnn": 0.3, "flex": 20.0, "other": 0.05},  # first call on a shape: plans, compilation
     "block_overhead_ms": 0.5,  # L2 flush, events, synchronisation per timed block
     "setup_s": 0.3,          # tensor allocation, random fill and release per shape
@@ -364,7 +373,7 @@ def estimate_seconds(cases, impls, rounds, block_ms, model=H100_MODEL, overhead_
                 else:
                     fast_ms = case.flops(pass_) / (model["tflops"][pass_] * 1e9)
                 n, w = choose_calls(fast_ms, block_ms)
-                for impl in impls:
+                for impl in (i for i in impls if impl_runs_on(i, case.set)):
                     slow = model["slowdown"].get(impl, 2.0)
                     probe = model["probe_s"].get(impl, model["probe_s"]["other"])
                     t += probe + 3 * fast_ms * slow * 1e-3

@@ -270,6 +270,30 @@ def test_cpu_quick_run_end_to_end(tmp_path):
     assert math.isfinite(data["meta"]["elapsed_s"])
 
 
+def test_cpu_paged_decode(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    js = tmp_path / "p.json"
+    cmd = [sys.executable, os.path.join(BENCH, "compare.py"), "--device", "cpu", "--quick", "--rounds", "1",
+           "--sets", "decode,paper", "--seqlens", "128", "--causal", "no", "--passes", "fwd",
+           "--impls", "ours,ours-paged", "--page-size", "32", "--block-ms", "2", "--json", str(js)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(js.read_text())
+    # timed on the decode set only, and never missing elsewhere
+    assert {r["impl"] for r in data["records"] if r["set"] == "decode"} == {"ours", "ours-paged"}
+    assert {r["impl"] for r in data["records"] if r["set"] == "paper"} == {"ours"}
+    assert not data["missing"]
+    assert any(e["num"] == "ours-paged" and e["den"] == "ours" for e in data["ratios"])
+
+
+def test_paged_impl_estimated_on_decode_only():
+    args = compare.parse_args(["--sets", "paper", "--impls", "ours"])
+    cases = compare.build_cases(args)
+    base, _ = core.estimate_seconds(cases, ["ours"], 3, args.block_ms)
+    assert core.estimate_seconds(cases, ["ours", "ours-paged"], 3, args.block_ms)[0] == base
+    assert core.impl_runs_on("ours-paged", "decode") and not core.impl_runs_on("ours-paged", "paper")
+
+
 def test_cpu_single_mode_without_flush(tmp_path):
     pytest.importorskip("torch", reason="PyTorch is not installed")
     js = tmp_path / "s.json"
