@@ -15,6 +15,8 @@ What it measures
                  (opt-in: it compiles)
     ours-paged   decode set only (opt-in): flash_attn_with_kvcache on the same cache cut into pages of
                  --page-size rows (default 16) in a shuffled order, through a block table
+    ours-append  decode set only (opt-in): flash_attn_with_kvcache appending the step's new keys and values
+                 (rotary on q and the new keys over the whole head dim) into the cache's last rows first
   An implementation that raises on a shape (unsupported, out of memory) is recorded as missing there.
   Passes: fwd (inputs require grad, as in training, except the decode set), bwd (autograd backward of a
   forward stored once; ours-direct: fa_bwd on the forward's o and lse), fwdbwd (forward then backward).
@@ -81,13 +83,30 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import compare_core as core  # noqa: E402
 
-ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged")
+ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged", "ours-append")
 DEFAULT_IMPLS = ("ours", "ours-direct", "cudnn", "flash")
 
 # --device cpu: tiny shapes of the same sets, so the flow runs in seconds.
 CPU_SCALE = {"tokens": 512, "hidden": 128, "head_dims": (64,), "seqlens": (128, 256),
              "decode": ((1, 1024), (2, 512)), "decode_heads": (4, 1, 64),
              "llama": ((1, 256),), "llama_heads": (4, 1, 64)}
+
+
+def shape_list(text):
+    """"8x8192,1x32768" -> ((8, 8192), (1, 32768))."""
+    try:
+        return tuple(tuple(int(x) for x in item.split("x")) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected BxL[,BxL...]: %r" % text) from None
+
+
+def head_pair(text):
+    """"32/8" -> (32, 8)."""
+    try:
+        q, kv = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected QUERY_HEADS/KV_HEADS: %r" % text) from None
+    return q, kv
 
 
 def parse_args(argv=None):
@@ -101,6 +120,11 @@ def parse_args(argv=None):
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both", help="paper set")
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16 (cpu: fp32)")
     ap.add_argument("--page-size", type=int, default=16, help="rows per page of ours-paged (decode set)")
+    ap.add_argument("--decode-shapes", type=shape_list, help="decode set: BxL,... (default the five bar shapes)")
+    ap.add_argument("--decode-heads", type=head_pair, help="decode set: query/kv heads (default 32/8)")
+    ap.add_argument("--decode-head-dim", type=int, help="decode set (default 128)")
+    ap.add_argument("--decode-q", type=int, default=1,
+                    help="decode set: query tokens per sequence (more than 1: causal; the SDPA peers skip it)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mode", choices=["b2b", "single"], default="b2b")
     ap.add_argument("--l2", choices=["flush", "warm"], default="flush")
@@ -151,10 +175,11 @@ def build_cases(args):
                 seqlens = args.seqlens or ((1024, 8192) if args.quick else (512, 1024, 2048, 4096, 8192, 16384))
                 got = core.paper_cases(head_dims, seqlens, causals, train_passes)
         elif s == "decode":
-            if cpu:
-                got = core.decode_cases(CPU_SCALE["decode"], *CPU_SCALE["decode_heads"])
-            else:
-                got = core.decode_cases()
+            shapes, (hq, hkv, d) = CPU_SCALE["decode"], CPU_SCALE["decode_heads"]
+            if not cpu:
+                shapes, (hq, hkv, d) = core.DECODE_SHAPES, (32, 8, 128)
+            hq, hkv = args.decode_heads or (hq, hkv)
+            got = core.decode_cases(args.decode_shapes or shapes, hq, hkv, args.decode_head_dim or d, args.decode_q)
             got = core.quick_subset(got, 2) if args.quick else got
         elif s == "llama":
             if cpu:
@@ -556,8 +581,23 @@ class Runner:
         fa = self.fa
         if case.set == "decode" and hasattr(fa, "flash_attn_with_kvcache"):
             lens = self.torch.full((case.batch,), case.seqlen_k, dtype=self.torch.int32, device=self.device)
-            return lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
+            return lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=case.causal)
         return lambda: fa.flash_attn_func(q, k, v, causal=case.causal)
+
+    def append_impl(self, case, q, k, v):
+        """ours appending as many new keys and values per sequence as it has query tokens, into the cache's last
+        rows (so that L keys are attended, as in `ours`), rotary over the whole head dim on q and the new keys;
+        every call rewrites those rows."""
+        torch = self.torch
+        n = case.seqlen_q
+        new_k = torch.randn(case.batch, n, case.heads_kv, case.head_dim, device=self.device, dtype=self.dtype)
+        new_v = torch.randn_like(new_k)
+        angle = torch.rand(case.seqlen_k + n, case.head_dim // 2, device=self.device) * 6.283
+        cos, sin = angle.cos().to(self.dtype), angle.sin().to(self.dtype)
+        lens = torch.full((case.batch,), case.seqlen_k - n, dtype=torch.int32, device=self.device)
+        return Impl(lambda: self.fa.flash_attn_with_kvcache(q, k, v, k=new_k, v=new_v, rotary_cos=cos, rotary_sin=sin,
+                                                           cache_seqlens=lens, causal=case.causal),
+                    keep=(new_k, new_v, cos, sin, lens))
 
     def paged_impl(self, case, q, k, v):
         """ours on the cache cut into pages of --page-size rows, stored in a shuffled order: page j of sequence b
@@ -574,7 +614,8 @@ class Runner:
             pools.append(pool)
         lens = torch.full((case.batch,), case.seqlen_k, dtype=torch.int32, device=self.device)
         kp, vp = pools
-        return Impl(lambda: self.fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table),
+        return Impl(lambda: self.fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
+                                                           causal=case.causal),
                     keep=(kp, vp, table, lens))
 
     def make_impl(self, impl, case, pass_, q, k, v, g):
@@ -582,6 +623,11 @@ class Runner:
         torch = self.torch
         if impl == "ours-paged":
             return self.paged_impl(case, q, k, v)
+        if impl == "ours-append":
+            return self.append_impl(case, q, k, v)
+        if case.set == "decode" and case.seqlen_q > 1 and not impl.startswith("ours"):
+            raise NotImplementedError("several query tokens per sequence: SDPA's causal mask is top-left, ours "
+                                      "bottom-right")
         if impl == "ours-direct":
             d = Direct(torch, q, k, v, case.causal, g if pass_ != "fwd" else None)
             return Impl(getattr(d, pass_), keep=d)

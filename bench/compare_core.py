@@ -19,13 +19,13 @@ THROUGHPUT_UNITS = ("TFLOP/s", "TB/s")
 # Ratios printed per set: (numerator, denominator) implementations.
 RATIO_PAIRS = {
     "paper": (("ours", "cudnn"), ("ours", "flash")),
-    "decode": (("ours", "cudnn"), ("ours", "flash"), ("ours-paged", "ours")),
+    "decode": (("ours", "cudnn"), ("ours", "flash"), ("ours-paged", "ours"), ("ours-append", "ours")),
     "llama": (("ours", "cudnn"), ("ours", "flash")),
     "overhead": (("ours", "sdpa"),),
 }
 
 # Implementations timed on one set only.
-SET_ONLY_IMPLS = {"ours-paged": "decode"}
+SET_ONLY_IMPLS = {"ours-paged": "decode", "ours-append": "decode"}
 
 
 def impl_runs_on(impl, set_name):
@@ -106,10 +106,12 @@ def paper_cases(head_dims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 
 DECODE_SHAPES = ((1, 32768), (1, 131072), (8, 8192), (32, 4096), (64, 16384))
 
 
-def decode_cases(shapes=DECODE_SHAPES, heads_q=32, heads_kv=8, head_dim=128):
-    """One query token against a KV cache of length L per sequence, GQA, forward only, judged by K/V bytes."""
-    return [Case("decode", f"{b}x{L}", b, 1, L, heads_q, heads_kv, head_dim, False, ("fwd",), "TB/s")
-            for b, L in shapes]
+def decode_cases(shapes=DECODE_SHAPES, heads_q=32, heads_kv=8, head_dim=128, seqlen_q=1):
+    """seqlen_q query tokens (1: a decoding step; more: a speculative step, under the bottom-right causal mask)
+    against a KV cache of length L per sequence, forward only, judged by K/V bytes."""
+    tag = "" if seqlen_q == 1 else f" q{seqlen_q}"
+    return [Case("decode", f"{b}x{L}{tag}", b, seqlen_q, L, heads_q, heads_kv, head_dim, seqlen_q > 1, ("fwd",),
+                 "TB/s") for b, L in shapes]
 
 
 LLAMA_SHAPES = ((1, 8192), (4, 4096), (1, 32768))
@@ -345,7 +347,7 @@ H100_MODEL = {
     "tflops": {"fwd": 300.0, "bwd": 200.0, "fwdbwd": 220.0},
     "decode_tbps": 2.0,
     "slowdown": {"ours": 1.0, "ours-direct": 1.0, "cudnn": 1.0, "flash": 2.0, "efficient": 3.0, "flex": 2.0,
-                 "ours-paged": 1.2},
+                 "ours-paged": 1.2, "ours-append": 1.1},
     "probe_s": {"cudnn": 0.3, "flex": 20.0, "other": 0.05},  # first call on a shape: plans, compilation
     "block_overhead_ms": 0.5,  # L2 flush, events, synchronisation per timed block
     "setup_s": 0.3,          # tensor allocation, random fill and release per shape

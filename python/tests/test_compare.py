@@ -286,6 +286,35 @@ def test_cpu_paged_decode(tmp_path):
     assert any(e["num"] == "ours-paged" and e["den"] == "ours" for e in data["ratios"])
 
 
+def test_decode_options_select_shapes():
+    args = compare.parse_args(["--sets", "decode", "--decode-shapes", "2x4096,1x65536", "--decode-heads", "32/1",
+                               "--decode-head-dim", "256", "--decode-q", "4"])
+    cases = compare.build_cases(args)
+    assert [(c.batch, c.seqlen_k, c.seqlen_q, c.heads_q, c.heads_kv, c.head_dim, c.causal) for c in cases] == [
+        (2, 4096, 4, 32, 1, 256, True), (1, 65536, 4, 32, 1, 256, True)]
+    assert [c.label for c in cases] == ["2x4096 q4", "1x65536 q4"]
+    assert [c.causal for c in compare.build_cases(compare.parse_args(["--sets", "decode"]))] == [False] * 5
+    for bad in (["--decode-shapes", "2*4096"], ["--decode-heads", "32"]):
+        with pytest.raises(SystemExit):
+            compare.parse_args(bad)
+
+
+def test_cpu_decode_append_and_speculative(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    js = tmp_path / "a.json"
+    cmd = [sys.executable, os.path.join(BENCH, "compare.py"), "--device", "cpu", "--quick", "--rounds", "1",
+           "--sets", "decode", "--decode-shapes", "2x256", "--decode-q", "4", "--impls", "ours,ours-append,efficient",
+           "--block-ms", "2", "--json", str(js)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(js.read_text())
+    assert {r["impl"] for r in data["records"]} == {"ours", "ours-append"}
+    assert {r["shape"] for r in data["records"]} == {"2x256 q4"}
+    # SDPA's causal mask is top-left: a peer on several query tokens is missing, not a wrong figure
+    assert [m["impl"] for m in data["missing"]] == ["efficient"]
+    assert any(e["num"] == "ours-append" and e["den"] == "ours" for e in data["ratios"])
+
+
 def test_paged_impl_estimated_on_decode_only():
     args = compare.parse_args(["--sets", "paper", "--impls", "ours"])
     cases = compare.build_cases(args)
