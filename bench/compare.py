@@ -60,6 +60,8 @@ SDPA, wall clock instead of events): a smoke test of the flow, not a benchmark.
   bench/compare.py --json compare.json --csv compare.csv          # the default sets (estimated 4 min, H100)
   bench/compare.py --sets paper --head-dims 128 --causal yes --passes fwd
   bench/compare.py --device cpu --quick                           # smoke test without a GPU
+  bench/compare.py --device cpu --threads 1 --dtype bf16 --sets paper --head-dims 128 --seqlens 2048 \
+      --paper-tokens 2048 --paper-hidden 1024 --impls ours,ours-direct,flash   # the CPU backend at b1 h8 s2048 d128
   bench/compare.py --estimate                                     # the run-time estimate, no GPU needed
   bench/compare.py --summary compare.json                         # the table of an earlier run
 """
@@ -118,6 +120,8 @@ def parse_args(argv=None):
     ap.add_argument("--head-dims", type=core.int_list, help="paper set (default 64,128,256)")
     ap.add_argument("--seqlens", type=core.int_list, help="paper set (default 512,...,16384)")
     ap.add_argument("--causal", choices=["no", "yes", "both"], default="both", help="paper set")
+    ap.add_argument("--paper-tokens", type=int, help="paper set: batch x seqlen (default 16384; cpu: a tiny one)")
+    ap.add_argument("--paper-hidden", type=int, help="paper set: heads x head_dim (default 2048; cpu: a tiny one)")
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="default bf16 (cpu: fp32)")
     ap.add_argument("--page-size", type=int, default=16, help="rows per page of ours-paged (decode set)")
     ap.add_argument("--decode-shapes", type=shape_list, help="decode set: BxL,... (default the five bar shapes)")
@@ -168,12 +172,13 @@ def build_cases(args):
             if cpu:
                 head_dims = args.head_dims or CPU_SCALE["head_dims"]
                 seqlens = args.seqlens or CPU_SCALE["seqlens"]
-                got = core.paper_cases(head_dims, seqlens, causals, train_passes, CPU_SCALE["tokens"],
-                                       CPU_SCALE["hidden"])
+                tokens, hidden = args.paper_tokens or CPU_SCALE["tokens"], args.paper_hidden or CPU_SCALE["hidden"]
+                got = core.paper_cases(head_dims, seqlens, causals, train_passes, tokens, hidden)
             else:
                 head_dims = args.head_dims or ((128,) if args.quick else (64, 128, 256))
                 seqlens = args.seqlens or ((1024, 8192) if args.quick else (512, 1024, 2048, 4096, 8192, 16384))
-                got = core.paper_cases(head_dims, seqlens, causals, train_passes)
+                got = core.paper_cases(head_dims, seqlens, causals, train_passes, args.paper_tokens or 16384,
+                                       args.paper_hidden or 2048)
         elif s == "decode":
             shapes, (hq, hkv, d) = CPU_SCALE["decode"], CPU_SCALE["decode_heads"]
             if not cpu:

@@ -286,6 +286,16 @@ def test_cpu_paged_decode(tmp_path):
     assert any(e["num"] == "ours-paged" and e["den"] == "ours" for e in data["ratios"])
 
 
+def test_paper_tokens_and_hidden():
+    args = compare.parse_args(["--sets", "paper", "--head-dims", "128", "--seqlens", "2048", "--causal", "no",
+                               "--paper-tokens", "2048", "--paper-hidden", "1024", "--device", "cpu"])
+    (c,) = compare.build_cases(args)
+    assert (c.batch, c.seqlen_q, c.heads_q, c.head_dim) == (1, 2048, 8, 128)
+    (g,) = compare.build_cases(compare.parse_args(["--sets", "paper", "--head-dims", "64", "--seqlens", "1024",
+                                                   "--causal", "no"]))
+    assert (g.batch, g.heads_q) == (16, 32)
+
+
 def test_decode_options_select_shapes():
     args = compare.parse_args(["--sets", "decode", "--decode-shapes", "2x4096,1x65536", "--decode-heads", "32/1",
                                "--decode-head-dim", "256", "--decode-q", "4"])
