@@ -302,7 +302,8 @@ static inline void fwd_store_probs(float *col, int64_t j, fa_vf p0, fa_vf p1, in
 /*
  * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the scores times
  * scale (1 where Q came pre-scaled), the score modifications (softcap, ALiBi, mask), the running max,
- * P = exp2((S - m) log2 e), the running sum, and the rescale factors alpha of the accumulator.
+ * P = exp2((S - m) log2 e), the running sum (of the fp32 P), and the rescale factors alpha of the accumulator.
+ * P replaces the scores as floats, or with `pairs` (the bf16 products) as bf16 pairs of keys, pair t in row t.
  */
 static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int64_t nk, int masked, float softcap,
                         float alibi_slope, float scale, int pairs) {
