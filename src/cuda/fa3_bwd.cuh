@@ -170,18 +170,48 @@ struct fa3_bwd_frag {
     int col0; /* 2 (lane % 4) */
 };
 
+/* The thread's values of one row array of the stage (LSE2 or D), at its query columns 8 c + col0, + 1. EARLY: all
+ * loaded by fetch(), which the kernel issues ahead of the product they follow, so that their latency hides behind
+ * the tensor cores; pinned there by asm volatile, and a generic load, not ld.shared, which waits in the queue that
+ * also issues the wgmmas and starts the products later. Otherwise (softcap, whose dfac leaves no registers for
+ * them) each is loaded where it is used. */
+template <int BM, bool EARLY>
+struct fa3_bwd_rowvals {
+    float2 v[EARLY ? BM / 8 : 1];
+    const float *row;
+    int col0;
+
+    __device__ __forceinline__ void fetch(const float *row_, const fa3_bwd_frag &f) {
+        row = row_, col0 = f.col0;
+        if constexpr (EARLY) {
+#pragma unroll
+            for (int c = 0; c < BM / 8; ++c)
+                asm volatile("ld.v2.f32 {%0, %1}, [%2];"
+                             : "=f"(v[c].x), "=f"(v[c].y)
+                             : "l"(row + 8 * c + col0)
+                             : "memory");
+        }
+    }
+    __device__ __forceinline__ float2 operator[](int c) const {
+        if constexpr (EARLY)
+            return v[c];
+        else
+            return *reinterpret_cast<const float2 *>(row + 8 * c + col0);
+    }
+};
+
 /* P^T = exp2(S^T scale log2(e) - LSE2) in place (softcap: S^T -> softcap tanh(S^T scale / softcap), and
  * dfac = 1 - tanh^2 kept for dS). MASKED: pairs outside the window or keys past the sequence get P = 0.
  * dist0 = key row0 - (query col0 + off). */
-template <int BM, bool MASKED, bool SOFTCAP>
+template <int BM, bool MASKED, bool SOFTCAP, class Rows>
 static __device__ __forceinline__ void fa3_bwd_probs(float (&s)[BM / 2], float (&dfac)[SOFTCAP ? BM / 2 : 1],
-                                                     const float *lse2, const fa3_bwd_frag &f, const fa2_bwd_args &a,
+                                                     const Rows &lse2, const fa3_bwd_frag &f, const fa2_bwd_args &a,
                                                      int dist0, int rows_left) {
     const int dlo = a.window_left >= 0 ? -a.window_left : INT_MIN, dhi = a.window_right >= 0 ? a.window_right : INT_MAX;
     const float cap_log2 = a.softcap * FA_LOG2E;
 #pragma unroll
     for (int c = 0; c < BM / 8; ++c) {
-        const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + 8 * c + f.col0);
+        const float2 l2 = lse2[c];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int i = 4 * c + e;
@@ -204,13 +234,12 @@ static __device__ __forceinline__ void fa3_bwd_probs(float (&s)[BM / 2], float (
 }
 
 /* dS^T = P^T (dP^T - D) [dfac] in place of dP^T. */
-template <int BM, bool SOFTCAP>
+template <int BM, bool SOFTCAP, class Rows>
 static __device__ __forceinline__ void fa3_bwd_dscores(float (&dp)[BM / 2], const float (&p)[BM / 2],
-                                                       const float (&dfac)[SOFTCAP ? BM / 2 : 1], const float *dsum,
-                                                       const fa3_bwd_frag &f) {
+                                                       const float (&dfac)[SOFTCAP ? BM / 2 : 1], const Rows &dsum) {
 #pragma unroll
     for (int c = 0; c < BM / 8; ++c) {
-        const float2 dd = *reinterpret_cast<const float2 *>(dsum + 8 * c + f.col0);
+        const float2 dd = dsum[c];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int i = 4 * c + e;
@@ -425,6 +454,8 @@ __global__ void __launch_bounds__(384, 1)
         hp_mbar_wait(bars + C::kBarFull + 8 * slot, fa3_pipe<STAGES>::phase(t));
         const uint32_t q_tile = s_q + slot * C::kQBytes, do_tile = s_do + slot * C::kQBytes;
         const float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
+        fa3_bwd_rowvals<BM, !SOFTCAP> rowvals; /* LSE2, then D, each fetched before the product it follows */
+        rowvals.fetch(lse2, f);
 
         float s[BM / 2], dp[BM / 2];
         fa3_bwd_issue_sdp<D, BM, T>(s, dp, s_k_rows, s_v_rows, q_tile, do_tile);
@@ -435,13 +466,14 @@ __global__ void __launch_bounds__(384, 1)
         for (int i = 0; i < BM / 2; ++i) hp_fence_reg(s[i]);
         const int dist0 = (n0 + row_base + f.row0) - (m0 + f.col0 + off);
         if (st.mb >= blk.mask_lo && st.mb < blk.mask_hi)
-            fa3_bwd_probs<BM, false, SOFTCAP>(s, dfac, lse2, f, a, dist0, keys_left - f.row0);
+            fa3_bwd_probs<BM, false, SOFTCAP>(s, dfac, rowvals, f, a, dist0, keys_left - f.row0);
         else
-            fa3_bwd_probs<BM, true, SOFTCAP>(s, dfac, lse2, f, a, dist0, keys_left - f.row0);
+            fa3_bwd_probs<BM, true, SOFTCAP>(s, dfac, rowvals, f, a, dist0, keys_left - f.row0);
+        rowvals.fetch(dsum, f);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < BM / 2; ++i) hp_fence_reg(dp[i]);
-        fa3_bwd_dscores<BM, SOFTCAP>(dp, s, dfac, dsum, f);
+        fa3_bwd_dscores<BM, SOFTCAP>(dp, s, dfac, rowvals);
 
         uint32_t p16[BM / 4], ds16[BM / 4];
         fa3_convert_p<BM, T>(s, p16);
