@@ -668,7 +668,13 @@ static void *kv_to_device(const void *host, size_t n, int *ok) {
 
 fa_status vf_run_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, const vf_kvcache_bytes *n,
                          char *why, size_t size) {
+    return vf_run_kvcache_timed(p, kv, exec, n, why, size, NULL);
+}
+
+fa_status vf_run_kvcache_timed(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, const vf_kvcache_bytes *n,
+                               char *why, size_t size, double ms[2]) {
     why[0] = '\0';
+    if (ms) ms[0] = ms[1] = -1;
 #ifdef FA_WITH_CUDA
     if (exec && vf_backend_on_device(exec->backend) && fa_device_count() > 0) {
         int ok = 1;
@@ -700,6 +706,14 @@ fa_status vf_run_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec
                 cudaGetLastError();
                 st = FA_ERR_DEVICE;
             }
+        }
+        for (int with = 0; ms && st == FA_OK && with < 2; with++) {
+            fa_exec xc = *exec;
+            xc.check = with;
+            fa_status s2 = fa_fwd_kvcache(&dp, &dk, &xc); /* warm-up */
+            const double t0 = vf_seconds();
+            for (int i = 0; i < 50 && s2 == FA_OK; i++) s2 = fa_fwd_kvcache(&dp, &dk, &xc);
+            if (s2 == FA_OK && cudaDeviceSynchronize() == cudaSuccess) ms[with] = (vf_seconds() - t0) * 1e3 / 50;
         }
         const void *ptrs[] = { dp.q.data,        dp.o.data,          dp.lse,           dp.k.data,     dp.v.data,
                                dp.alibi_slopes,  dk.k_cache.data,    dk.v_cache.data,  dk.rotary_cos, dk.rotary_sin,

@@ -158,6 +158,11 @@ typedef struct vf_kvcache_bytes {
 fa_status vf_run_kvcache(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, const vf_kvcache_bytes *n,
                          char *why, size_t size);
 
+/* vf_run_kvcache, then on a device backend the cost of exec.check = 1: ms[1] and ms[0] get the time per call of
+ * 50 calls in a row with and without it (the same arrays; the calls rewrite the same results), -1 elsewhere. */
+fa_status vf_run_kvcache_timed(const fa_params *p, const fa_kvcache *kv, const fa_exec *exec, const vf_kvcache_bytes *n,
+                               char *why, size_t size, double ms[2]);
+
 /* Writes the poison pattern into the outputs of the forward (o, lse) or backward (dq, dk, dv), host only. */
 void vf_poison_outputs(vf_problem *pr, int backward);
 

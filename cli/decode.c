@@ -236,14 +236,18 @@ int cli_check_decode(cli_options *o, fa_backend b) {
     bytes.seqlens = bytes.leftpad = sizeof(int32_t) * o->batch;
     if (d.page) bytes.block_table = sizeof(int32_t) * ((size_t)d.max_pages * o->batch + 3);
     char why[256];
-    double t0 = vf_seconds();
-    st = vf_run_kvcache(&d.p, &d.kv, &x, &bytes, why, sizeof why);
+    double t0 = vf_seconds(), check_ms[2];
+    st = vf_run_kvcache_timed(&d.p, &d.kv, &x, &bytes, why, sizeof why, x.check ? check_ms : NULL);
     if (st != FA_OK) {
         code = cli_report_status(st, "the backend failed", why[0] ? why : fa_last_error());
         goto out;
     }
     printf("  fa_fwd_kvcache: %.3f ms%s\n", 1e3 * (vf_seconds() - t0),
            vf_backend_on_device(b) ? " (with the copies to and from the device)" : "");
+    if (x.check && check_ms[0] >= 0 && check_ms[1] >= 0)
+        printf("  device check of the cache arrays (exec.check = 1): +%.3f ms per call (%.3f ms with, %.3f "
+               "without)\n",
+               check_ms[1] - check_ms[0], check_ms[1], check_ms[0]);
     for (int32_t bb = 0; bb < o->batch; bb++)
         for (int32_t i = 0; i < o->seqlen_q; i++)
             for (int32_t h = 0; h < o->heads; h++) {
