@@ -26,7 +26,9 @@
  * pairs: Q (unscaled; the scores are scaled in fp32, as the forward scales them, and dK at its store) and dO
  * as they are for S and dP, and as pairs of query rows for dK and dV; K_j^T, V_j^T as pairs along head_dim,
  * K_j as pairs of keys for dQ; P and dS, computed in fp32, rounded to bf16 (pairs of query rows for dV and dK,
- * rows for dQ).
+ * rows for dQ). On AMX tiles dV and dK are accumulated transposed, dV^T += dO_i^T P and dK^T += Q_i^T dS, so
+ * that P and dS serve as the B operand as they are (pairs of query rows) and dO_i^T, Q_i^T, transposed once per
+ * query block, as A.
  */
 #include "cpu/cpu_internal.h"
 
@@ -35,24 +37,27 @@
 
 typedef struct bwd_layout {
     int64_t *q_prefix, *k_prefix;
-    float *delta;                /* D: (heads_q, tokens_q) */
-    float *lse;                  /* the LSE, +inf for rows that see no key (so P = 0): (heads_q, tokens_q) */
-    float *q_scaled, *do_packed; /* packed fp32 copies; Q times softmax_scale */
-    float *q_pairs, *do_pairs;   /* bf16 products: Q and dO as pairs of rows (below) */
-    float *dq_acc;               /* (chunks, heads_q, query blocks, FA_BWD_BR, row width) */
-    uint8_t *dq_touched;         /* (chunks, heads_q, query blocks) */
+    float *delta;                   /* D: (heads_q, tokens_q) */
+    float *lse;                     /* the LSE, +inf for rows that see no key (so P = 0): (heads_q, tokens_q) */
+    float *q_scaled, *do_packed;    /* packed fp32 copies; Q times softmax_scale */
+    float *q_pairs, *do_pairs;      /* bf16 products: Q and dO as pairs of rows (below) */
+    uint32_t *qt_pairs, *dot_pairs; /* AMX: Q^T, dO^T per query block, (heads_q, query blocks, row width,
+                                       FA_BWD_BR / 2) pairs of query rows, zero past the block's rows */
+    float *dq_acc;                  /* (chunks, heads_q, query blocks, FA_BWD_BR, row width) */
+    uint8_t *dq_touched;            /* (chunks, heads_q, query blocks) */
     char *scratch;
     size_t scratch_bytes;
     int64_t chunks, nqb_max; /* nqb_max: bound on the number of query blocks of the batch */
 } bwd_layout;
 
 typedef struct bwd_scratch {
-    float *kt, *vt;  /* (FA_BWD_BC / FA_VL, head_dim, FA_VL): K_j^T and V_j^T in strips */
-    float *k;        /* (FA_BWD_BC, row stride): K_j */
-    float *dk, *dv;  /* (FA_BWD_BC, row stride) */
-    float *s, *ds;   /* (FA_BWD_BR, BWD_LDS): S then P; dP then dS */
-    float *q, *dout; /* (FA_BWD_BR, row stride): zero-padded copies of a partial query block */
-    uint32_t *dsp;   /* bf16 products: (FA_BWD_BR / 2, BWD_LDS) words, dS as pairs of query rows */
+    float *kt, *vt;   /* (FA_BWD_BC / FA_VL, head_dim, FA_VL): K_j^T and V_j^T in strips */
+    float *k;         /* (FA_BWD_BC, row stride): K_j */
+    float *dk, *dv;   /* (FA_BWD_BC, row stride) */
+    float *s, *ds;    /* (FA_BWD_BR, BWD_LDS): S then P; dP then dS */
+    float *q, *dout;  /* (FA_BWD_BR, row stride): zero-padded copies of a partial query block */
+    uint32_t *dsp;    /* bf16 products: (FA_BWD_BR / 2, BWD_LDS) words, dS as pairs of query rows */
+    float *dkt, *dvt; /* AMX: (row width, BWD_LDS): dK^T and dV^T */
 } bwd_scratch;
 
 static bwd_scratch bwd_scratch_carve(const fa_params *p, fa_arena *a) {
@@ -68,6 +73,9 @@ static bwd_scratch bwd_scratch_carve(const fa_params *p, fa_arena *a) {
     s.q = fa_arena_take(a, sizeof(float) * FA_BWD_BR * fa_cpu_row_stride(p));
     s.dout = fa_arena_take(a, sizeof(float) * FA_BWD_BR * fa_cpu_row_stride(p));
     s.dsp = fa_arena_take(a, fa_cpu_bf16_products(p) ? sizeof(uint32_t) * FA_BWD_BR / 2 * BWD_LDS : 0);
+    const int64_t t_floats = fa_cpu_amx_products(p) ? fa_cpu_row_width(p) * BWD_LDS : 0;
+    s.dkt = fa_arena_take(a, sizeof(float) * t_floats);
+    s.dvt = fa_arena_take(a, sizeof(float) * t_floats);
     return s;
 }
 
@@ -94,6 +102,9 @@ static size_t bwd_layout_carve(const fa_params *p, int threads, char *base, bwd_
     const int64_t pairs = fa_cpu_bf16_products(p) ? p->heads_q * tq * ld : 0;
     L->q_pairs = fa_arena_take(&a, sizeof(float) * pairs);
     L->do_pairs = fa_arena_take(&a, sizeof(float) * pairs);
+    const int64_t tpairs = fa_cpu_amx_products(p) ? p->heads_q * L->nqb_max * w * (FA_BWD_BR / 2) : 0;
+    L->qt_pairs = fa_arena_take(&a, sizeof(uint32_t) * tpairs);
+    L->dot_pairs = fa_arena_take(&a, sizeof(uint32_t) * tpairs);
     L->dq_acc = fa_arena_take(&a, sizeof(float) * L->chunks * p->heads_q * L->nqb_max * FA_BWD_BR * w);
     L->dq_touched = fa_arena_take(&a, (size_t)(L->chunks * p->heads_q * L->nqb_max));
     fa_arena scratch = { NULL, 0 };
@@ -401,8 +412,24 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
                 fa_rows_to_bf16_pairs(sc->s, BWD_LDS, mrows, ncols, (uint32_t *)sc->s);
                 fa_rows_to_bf16_pairs(sc->ds, BWD_LDS, mrows, ncols, sc->dsp);
                 bwd_tile_to_bf16(sc->ds, rows, ncols);
-                bwd_key_grad_bf16(krows, w, mrows, (const uint32_t *)sc->s, dop, ld, sc->dv, ld, first, pf_dq);
-                bwd_key_grad_bf16(krows, w, mrows, sc->dsp, qp, ld, sc->dk, ld, first, fa_prefetch_range(NULL, 0));
+#ifdef FA_CPU_AMX
+                if (amx) { /* dV^T += dO^T P, dK^T += Q^T dS; pair rows past the block zero to a whole tile */
+                    const int64_t kp = fa_ceil_div(mrows, 2), kp16 = fa_round_up(kp, 16);
+                    for (int64_t t = kp; t < kp16; t++) {
+                        memset((uint32_t *)sc->s + t * BWD_LDS, 0, sizeof(uint32_t) * (size_t)ncols);
+                        memset(sc->dsp + t * BWD_LDS, 0, sizeof(uint32_t) * (size_t)ncols);
+                    }
+                    const int64_t at = (h * L->nqb_max + qg) * w * (FA_BWD_BR / 2);
+                    fa_amx_gemm(w, ncols, kp16, L->dot_pairs + at, FA_BWD_BR / 2, (const uint32_t *)sc->s, BWD_LDS,
+                                FA_VL, sc->dvt, BWD_LDS, !first);
+                    fa_amx_gemm(w, ncols, kp16, L->qt_pairs + at, FA_BWD_BR / 2, sc->dsp, BWD_LDS, FA_VL, sc->dkt,
+                                BWD_LDS, !first);
+                } else
+#endif
+                {
+                    bwd_key_grad_bf16(krows, w, mrows, (const uint32_t *)sc->s, dop, ld, sc->dv, ld, first, pf_dq);
+                    bwd_key_grad_bf16(krows, w, mrows, sc->dsp, qp, ld, sc->dk, ld, first, fa_prefetch_range(NULL, 0));
+                }
                 first = 0;
 #ifdef FA_CPU_AMX
                 if (amx) { /* dS rows as pairs of keys, zero from ncols on to a whole tile of pairs */
@@ -433,7 +460,14 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
     }
 
 #ifdef FA_CPU_AMX
-    if (amx) fa_amx_end();
+    if (amx) {
+        fa_amx_end();
+        for (int64_t j = 0; j < nk && !first; j++) /* the transposed sums as rows */
+            for (int64_t c = 0; c < d; c++) {
+                sc->dk[j * ld + c] = sc->dkt[c * BWD_LDS + j];
+                sc->dv[j * ld + c] = sc->dvt[c * BWD_LDS + j];
+            }
+    }
 #endif
     const float dk_mul = bf16 ? p->softmax_scale : 1.0f; /* the bf16 products' dK is of the unscaled Q */
     for (int64_t j = 0; j < nk; j++) {
@@ -508,6 +542,20 @@ static void bwd_prepare_rows_bf16(const bwd_ctx *cx, int64_t b, const fa_seq *s,
             for (int64_t c = d; c < w; c++) row[c] = 0;
         }
     }
+#ifdef FA_CPU_AMX
+    if (fa_cpu_amx_products(p)) { /* the same pairs transposed: column c of the block as row c */
+        const int64_t qg = cx->L->q_prefix[b] + r0 / FA_BWD_BR, np = FA_BWD_BR / 2;
+        uint32_t *dst_t[2] = { cx->L->qt_pairs, cx->L->dot_pairs };
+        for (int x = 0; x < 2; x++) {
+            uint32_t *blk = dst_t[x] + (h * cx->L->nqb_max + qg) * w * np;
+            memset(blk, 0, sizeof(uint32_t) * (size_t)(w * np));
+            for (int64_t t = 0; r0 + 2 * t < r1; t++) {
+                const uint32_t *row = (const uint32_t *)dst[x]->data + fa_offset(p, dst[x], b, s->tok_q, r0 + t, h);
+                for (int64_t c = 0; c < d; c++) blk[c * np + t] = row[c];
+            }
+        }
+    }
+#endif
 }
 #endif
 
