@@ -40,7 +40,7 @@ typedef struct bwd_layout {
     float *delta;                   /* D: (heads_q, tokens_q) */
     float *lse;                     /* the LSE, +inf for rows that see no key (so P = 0): (heads_q, tokens_q) */
     float *q_scaled, *do_packed;    /* packed fp32 copies; Q times softmax_scale */
-    float *q_pairs, *do_pairs;      /* bf16 products: Q and dO as pairs of rows (below) */
+    float *q_pairs, *do_pairs;      /* bf16 products off AMX: Q and dO as pairs of rows (below) */
     uint32_t *qt_pairs, *dot_pairs; /* AMX: Q^T, dO^T per query block, (heads_q, query blocks, row width,
                                        FA_BWD_BR / 2) pairs of query rows, zero past the block's rows */
     float *dq_acc;                  /* (chunks, heads_q, query blocks, FA_BWD_BR, row width) */
@@ -99,7 +99,7 @@ static size_t bwd_layout_carve(const fa_params *p, int threads, char *base, bwd_
     L->lse = fa_arena_take(&a, sizeof(float) * p->heads_q * tq);
     L->q_scaled = fa_arena_take(&a, sizeof(float) * p->heads_q * tq * ld);
     L->do_packed = fa_arena_take(&a, sizeof(float) * p->heads_q * tq * ld);
-    const int64_t pairs = fa_cpu_bf16_products(p) ? p->heads_q * tq * ld : 0;
+    const int64_t pairs = fa_cpu_bf16_products(p) && !fa_cpu_amx_products(p) ? p->heads_q * tq * ld : 0;
     L->q_pairs = fa_arena_take(&a, sizeof(float) * pairs);
     L->do_pairs = fa_arena_take(&a, sizeof(float) * pairs);
     const int64_t tpairs = fa_cpu_amx_products(p) ? p->heads_q * L->nqb_max * w * (FA_BWD_BR / 2) : 0;
@@ -392,9 +392,6 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
             if (bf16) {
                 /* S and dP from the pairs, P and dS in fp32, then P and dS rounded to bf16 for the products: P as
                  * pairs of query rows in place, dS as such pairs in dsp and as rows in place */
-                const uint32_t *qp = (const uint32_t *)cx->q_pairs.data + fa_offset(p, &cx->q_pairs, b, s.tok_q, i0, h);
-                const uint32_t *dop =
-                    (const uint32_t *)cx->do_pairs.data + fa_offset(p, &cx->do_pairs, b, s.tok_q, i0, h);
 #ifdef FA_CPU_AMX
                 if (amx) { /* whole tiles of rows: the query tiles hold FA_BWD_BR rows, those past `rows` unused */
                     const int64_t r16 = fa_round_up(rows, 16);
@@ -427,6 +424,10 @@ static void bwd_key_block(const bwd_ctx *cx, bwd_scratch *sc, int64_t chunk, int
                 } else
 #endif
                 {
+                    const uint32_t *qp =
+                        (const uint32_t *)cx->q_pairs.data + fa_offset(p, &cx->q_pairs, b, s.tok_q, i0, h);
+                    const uint32_t *dop =
+                        (const uint32_t *)cx->do_pairs.data + fa_offset(p, &cx->do_pairs, b, s.tok_q, i0, h);
                     bwd_key_grad_bf16(krows, w, mrows, (const uint32_t *)sc->s, dop, ld, sc->dv, ld, first, pf_dq);
                     bwd_key_grad_bf16(krows, w, mrows, sc->dsp, qp, ld, sc->dk, ld, first, fa_prefetch_range(NULL, 0));
                 }
@@ -508,8 +509,8 @@ static void bwd_prepare_rows(const bwd_ctx *cx, int64_t b, const fa_seq *s, int6
 #ifdef FA_CPU_BF16
 /* bwd_prepare_rows for the bf16 products: Q (unscaled) and dO rows copied as they are (pairs along head_dim),
  * and as pairs of rows of the query block that starts at r0 (pair t in row r0 + t of q_pairs and do_pairs,
- * every column up to the row width). D in the order and rounding of the dP product: where O equals a row of
- * V, D equals that key's dP exactly (as in the fp32 path). */
+ * every column up to the row width; on AMX transposed into the block's qt_pairs, dot_pairs instead). D in the order and
+ * rounding of the dP product: where O equals a row of V, D equals that key's dP exactly (as in the fp32 path). */
 static void bwd_prepare_rows_bf16(const bwd_ctx *cx, int64_t b, const fa_seq *s, int64_t r0, int64_t r1, int64_t h) {
     const fa_params *p = cx->p;
     const int64_t d = p->head_dim, w = fa_cpu_row_width(p);
@@ -529,33 +530,32 @@ static void bwd_prepare_rows_bf16(const bwd_ctx *cx, int64_t b, const fa_seq *s,
         cx->L->delta[ix] = _mm_cvtss_f32(acc);
         cx->L->lse[ix] = lse == -__builtin_inff() ? __builtin_inff() : lse;
     }
+    /* pairs of query rows: as rows of q_pairs / do_pairs, or on AMX transposed (column c of the block as row c
+     * of qt_pairs / dot_pairs, zero past the block's rows) */
+    const int amx = fa_cpu_amx_products(p), np = FA_BWD_BR / 2;
     const fa_tensor *src[2] = { &p->q, &p->dout };
     const fa_tensor *dst[2] = { &cx->q_pairs, &cx->do_pairs };
+    uint32_t *blk[2] = { NULL, NULL };
+    if (amx) {
+        const int64_t at = (h * cx->L->nqb_max + cx->L->q_prefix[b] + r0 / FA_BWD_BR) * w * np;
+        blk[0] = cx->L->qt_pairs + at, blk[1] = cx->L->dot_pairs + at;
+    }
     for (int x = 0; x < 2; x++) {
         const uint16_t *base = src[x]->data;
+        if (amx) memset(blk[x], 0, sizeof(uint32_t) * (size_t)(w * np));
         for (int64_t t = 0; r0 + 2 * t < r1; t++) {
             const uint16_t *lo = base + fa_offset(p, src[x], b, s->tok_q, r0 + 2 * t, h);
             const uint16_t *hi =
                 r0 + 2 * t + 1 < r1 ? base + fa_offset(p, src[x], b, s->tok_q, r0 + 2 * t + 1, h) : NULL;
+            if (amx) {
+                for (int64_t c = 0; c < d; c++) blk[x][c * np + t] = lo[c] | (hi ? (uint32_t)hi[c] << 16 : 0u);
+                continue;
+            }
             uint32_t *row = (uint32_t *)dst[x]->data + fa_offset(p, dst[x], b, s->tok_q, r0 + t, h);
             for (int64_t c = 0; c < d; c++) row[c] = lo[c] | (hi ? (uint32_t)hi[c] << 16 : 0u);
             for (int64_t c = d; c < w; c++) row[c] = 0;
         }
     }
-#ifdef FA_CPU_AMX
-    if (fa_cpu_amx_products(p)) { /* the same pairs transposed: column c of the block as row c */
-        const int64_t qg = cx->L->q_prefix[b] + r0 / FA_BWD_BR, np = FA_BWD_BR / 2;
-        uint32_t *dst_t[2] = { cx->L->qt_pairs, cx->L->dot_pairs };
-        for (int x = 0; x < 2; x++) {
-            uint32_t *blk = dst_t[x] + (h * cx->L->nqb_max + qg) * w * np;
-            memset(blk, 0, sizeof(uint32_t) * (size_t)(w * np));
-            for (int64_t t = 0; r0 + 2 * t < r1; t++) {
-                const uint32_t *row = (const uint32_t *)dst[x]->data + fa_offset(p, dst[x], b, s->tok_q, r0 + t, h);
-                for (int64_t c = 0; c < d; c++) blk[c * np + t] = row[c];
-            }
-        }
-    }
-#endif
 }
 #endif
 
