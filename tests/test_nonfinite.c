@@ -2,16 +2,18 @@
 /*
  * test_nonfinite.c - the non-finite rules of flashattn.h on the CPU and reference backends: a NaN or +Inf in
  * a row's visible scores, a non-finite value in a V row it sees, scores that overflow fp32, rows left empty
- * by the mask, NaN or Inf ALiBi slopes; forward and backward. With a GPU, the same cases on the CUDA
- * backend (the FA2 kernels, and the FA3 forward on compute capability 9.0) and the naive backend, in bf16. The
- * CPU backend runs them in bf16 too (on a processor with the bf16 dot product, its bf16 products).
+ * by the mask, NaN or Inf ALiBi slopes; forward and backward; in a varlen batch, a non-finite value in one
+ * sequence leaves the other's gradients as they were. With a GPU, the same cases on the CUDA backend (the FA2
+ * kernels, and the FA3 kernels on compute capability 9.0) and the naive backend, in bf16. The CPU backend runs
+ * them in bf16 too (on a processor with the bf16 dot product, its bf16 products).
  *
  * Each case runs a clean problem and a copy with one value made non-finite, and checks every output row:
  * rows the value cannot reach must come out bit-identical to the clean run, the rows it reaches as the
  * header says (NaN O and LSE, NaN O only, or NaN gradients). Shapes span more than one CPU block of queries
  * and keys (200 > 192 query rows, > 96 keys) with a causal mask, so the rule holds across block edges and
  * under the mask. The device backends run the same values rounded to bf16 (their backward in deterministic
- * mode, so that runs compare bit for bit); where flashattn.h lets them differ (a non-finite V value may
+ * mode, so that runs compare bit for bit; the FA3 backward has none, and its dQ is compared within a rounding);
+ * where flashattn.h lets them differ (a non-finite V value may
  * reach rows of the same head that do not see its key; their rows of the changed head that the value does not
  * reach may round differently, e.g. when a warp's softmax takes another path) the checks say so.
  */
@@ -133,6 +135,7 @@ static fa_status run_host_bf16(prob *x, const target *t, int backward) {
 
 static uint16_t *dev_buf[8], host_bf16[NQ]; /* q k v dout, o dq dk dv */
 static float *dev_lse, *dev_slopes;
+static int32_t *dev_cu;
 
 static int dev_copy(uint16_t *dst, const float *src) {
     for (size_t i = 0; i < NQ; i++) host_bf16[i] = to_bf16(src[i]);
@@ -149,7 +152,8 @@ static fa_status run_device(prob *x, const target *t, int backward) {
         for (int i = 0; i < 8; i++)
             if (cudaMalloc((void **)&dev_buf[i], sizeof host_bf16) != cudaSuccess) return FA_ERR_OUT_OF_MEMORY;
         if (cudaMalloc((void **)&dev_lse, sizeof x->lse) != cudaSuccess ||
-            cudaMalloc((void **)&dev_slopes, sizeof x->slopes) != cudaSuccess)
+            cudaMalloc((void **)&dev_slopes, sizeof x->slopes) != cudaSuccess ||
+            cudaMalloc((void **)&dev_cu, sizeof(int32_t) * (B + 1)) != cudaSuccess)
             return FA_ERR_OUT_OF_MEMORY;
     }
     const float *in[4] = { x->q, x->k, x->v, x->dout };
@@ -163,7 +167,12 @@ static fa_status run_device(prob *x, const target *t, int backward) {
     fa_tensor *views[8] = { &p.q, &p.k, &p.v, &p.dout, &p.o, &p.dq, &p.dk, &p.dv };
     for (int i = 0; i < 8; i++) views[i]->data = dev_buf[i];
     p.lse = dev_lse;
-    p.deterministic = 1;
+    p.deterministic = t->kernel != FA_KERNEL_FA3;
+    if (p.cu_seqlens_q) { /* (one array for both in these cases) */
+        if (cudaMemcpy(dev_cu, p.cu_seqlens_q, sizeof(int32_t) * (B + 1), cudaMemcpyHostToDevice) != cudaSuccess)
+            return FA_ERR_DEVICE;
+        p.cu_seqlens_q = p.cu_seqlens_k = dev_cu;
+    }
     if (p.alibi_slopes) { /* (always x->slopes) */
         if (cudaMemcpy(dev_slopes, x->slopes, sizeof x->slopes, cudaMemcpyHostToDevice) != cudaSuccess)
             return FA_ERR_DEVICE;
@@ -226,6 +235,15 @@ static int only_row(int r) {
 
 /* Close enough for a row of the changed head that the change does not reach, on a device backend: finite and
  * within rounding of the clean run (the NaN is what is looked for). */
+/* A gradient against the clean run's: bit for bit, except dQ of a kernel that sums it in no fixed order (FA3's
+ * atomics), which may round to a neighbouring bf16 value. */
+static int match(const target *t, int is_dq, const float *a, const float *b, int n) {
+    if (!(is_dq && t->kernel == FA_KERNEL_FA3)) return same(a, b, n);
+    for (int i = 0; i < n; i++)
+        if (!isfinite(a[i]) || !(fabsf(a[i] - b[i]) <= 0x1p-7f * (1.0f + fabsf(b[i])))) return 0;
+    return 1;
+}
+
 static int near(const float *a, const float *b, int n, float tol) {
     for (int i = 0; i < n; i++)
         if (!isfinite(a[i]) || !(fabsf(a[i] - b[i]) <= tol)) return 0;
@@ -447,7 +465,7 @@ static void backward_cases(const target *t) {
             ok = all_nan(dirty.dk + at(0, j, 0), D) && all_nan(dirty.dv + at(0, j, 0), D);
         for (int r = 0; r < S && ok; r++) {
             const size_t o1 = at(1, r, 0), o2 = at(0, r, 1), o3 = at(1, r, 1);
-            ok = same(dirty.dq + o1, clean.dq + o1, D) && same(dirty.dq + o2, clean.dq + o2, D) &&
+            ok = match(t, 1, dirty.dq + o1, clean.dq + o1, D) && match(t, 1, dirty.dq + o2, clean.dq + o2, D) &&
                  same(dirty.dk + o3, clean.dk + o3, D) && same(dirty.dv + o2, clean.dv + o2, D) &&
                  same(dirty.dk + o1, clean.dk + o1, D) && !any_nan(dirty.dq + o3, D);
         }
@@ -473,6 +491,47 @@ static void backward_cases(const target *t) {
     }
 }
 
+/* Varlen: sequences of L0 and B S - L0 tokens packed into the rows of the two batch entries, no mask. A NaN in
+ * the second sequence's first row (of Q, K, V or dO) leaves every gradient of the first as in the clean run:
+ * the GPU kernels' tiles reach past the first sequence's end into the second's rows. */
+enum { L0 = 130 };
+static int32_t cu_packed[B + 1] = { 0, L0, B *S };
+static void setup_varlen(prob *x) {
+    setup(x, 0);
+    fa_params *p = &x->p;
+    p->seqlen_q = p->seqlen_k = B * S - L0;
+    p->cu_seqlens_q = p->cu_seqlens_k = cu_packed;
+    p->total_q = p->total_k = B * S;
+    float *arrays[8] = { x->q, x->k, x->v, x->o, x->dout, x->dq, x->dk, x->dv };
+    fa_tensor *views[8] = { &p->q, &p->k, &p->v, &p->o, &p->dout, &p->dq, &p->dk, &p->dv };
+    for (int i = 0; i < 8; i++) *views[i] = fa_tensor_contiguous(arrays[i], B * S, H, D);
+}
+
+static void varlen_cases(const target *t) {
+    setup_varlen(&clean);
+    if (run(&clean, t, 1) != FA_OK) {
+        th_fail("%s clean varlen backward: %s", t->name, fa_last_error());
+        return;
+    }
+    static const char *const site[4] = { "NaN query", "NaN key", "NaN in V", "NaN in dO" };
+    for (int c = 0; c < 4; c++) {
+        setup_varlen(&dirty);
+        float *target = c == 0 ? dirty.q : c == 1 ? dirty.k : c == 2 ? dirty.v : dirty.dout;
+        target[((size_t)L0 * H + 0) * D + 2] = NAN; /* token L0 = the second sequence's row 0, head 0 */
+        const fa_status st = run(&dirty, t, 1);
+        int ok = st == FA_OK, bad = -1;
+        for (int r = 0; r < L0 && ok; r++)
+            for (int h = 0; h < H && ok; h++) {
+                const size_t o = ((size_t)r * H + h) * D;
+                ok = match(t, 1, dirty.dq + o, clean.dq + o, D) && same(dirty.dk + o, clean.dk + o, D) &&
+                     same(dirty.dv + o, clean.dv + o, D);
+                if (!ok) bad = r;
+            }
+        th_check(ok, "%s varlen backward, %s in the second sequence: the first's gradients unchanged (%s, row %d)",
+                 t->name, site[c], fa_status_name(st), bad);
+    }
+}
+
 /* Whether a device target runs here: a GPU, the backend built, and for FA3 compute capability 9.0 (a skip line
  * otherwise). */
 static int device_target_runs(const target *t) {
@@ -491,7 +550,8 @@ static int device_target_runs(const target *t) {
 static void run_target(const target *t) {
     if (th_selected("forward")) forward_cases(t);
     if (th_selected("alibi")) t->device ? alibi_device_cases(t) : alibi_cases(t);
-    if (th_selected("backward") && t->kernel != FA_KERNEL_FA3) backward_cases(t); /* FA3 is a forward kernel */
+    if (th_selected("backward")) backward_cases(t);
+    if (th_selected("varlen")) varlen_cases(t);
 }
 
 int main(int argc, char **argv) {

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fa3_bwd.cu - FlashAttention-3 backward for Hopper (sm_90a), host side: which problems it takes (the rest run
- * the FA2 backward), the workspace (the FA2 backward's: fp32 dQ accumulator, LSE * log2(e), D), the tensor maps
- * and the dispatch to the per-head-dim launchers (the kernel is in fa3_bwd.cuh).
+ * fa3_bwd.cu - FlashAttention-3 backward for Hopper (sm_90a), host side: which problems it takes (dense and
+ * varlen batches; deterministic mode and ALiBi run the FA2 backward), the workspace (the FA2 backward's: fp32 dQ
+ * accumulator, LSE * log2(e), D), the tensor maps and the dispatch to the per-head-dim launchers (the kernel is in
+ * fa3_bwd.cuh).
  *
  * Query tile per head dim: 128 rows at head dim 64 and 64 at 128, so that dQ = dS K splits into one 64 x 64
  * product per consumer warpgroup, and S^T, dP^T, dK and dV of a warpgroup's 64 keys fit its 240 registers.
@@ -30,19 +31,22 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
     default:
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: head_dim %d (compiled:" FA3_BWD_HDIMS_STR ")", p->head_dim);
     }
-    if (fa_is_varlen(p)) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: varlen batches run the FA2 backward");
     if (p->deterministic) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: deterministic mode runs the FA2 backward");
     if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: ALiBi runs the FA2 backward");
     if (p->seqlen_q < 1 || p->seqlen_k < 1) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: empty Q or K");
     if ((int64_t)((p->seqlen_k + 127) / 128) * p->heads_kv > INT32_MAX || p->batch > 65535 || p->heads_kv > 65535)
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: grid too large");
+    /* varlen: TMA coordinates are 32-bit token indices */
+    if (fa_is_varlen(p) && (p->total_q > INT32_MAX - 128 || p->total_k > INT32_MAX - 128))
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: more than 2^31 - 129 packed tokens");
     /* the pre- and post-pass are the FA2 backward's, with its requirements (dtype, alignment, strides) */
     fa_status st = fa2_bwd_supported(p, dev);
     if (st != FA_OK) return st;
-    if ((st = fa3_check_tensor("q", &p->q, 1, p->batch, p->heads_q)) != FA_OK) return st;
-    if ((st = fa3_check_tensor("k", &p->k, 1, p->batch, p->heads_kv)) != FA_OK) return st;
-    if ((st = fa3_check_tensor("v", &p->v, 1, p->batch, p->heads_kv)) != FA_OK) return st;
-    if ((st = fa3_check_tensor("dout", &p->dout, 1, p->batch, p->heads_q)) != FA_OK) return st;
+    const int dense = !fa_is_varlen(p);
+    if ((st = fa3_check_tensor("q", &p->q, dense, p->batch, p->heads_q)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("k", &p->k, dense, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("v", &p->v, dense, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("dout", &p->dout, dense, p->batch, p->heads_q)) != FA_OK) return st;
     return FA_OK;
 }
 
@@ -69,11 +73,13 @@ extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, 
     fa2_bwd_args_make(p, 1, workspace, &a.b);
     a.key_blocks = (p->seqlen_k + 127) / 128;
     const int block_m = fa3_bwd_block_m(p->head_dim);
-    CUtensorMap maps[4]; /* q, k, v, dout */
-    if ((st = fa3_tensor_map_rows(&maps[0], p, &p->q, p->seqlen_q, p->heads_q, block_m)) != FA_OK ||
-        (st = fa3_tensor_map_rows(&maps[1], p, &p->k, p->seqlen_k, p->heads_kv, 128)) != FA_OK ||
-        (st = fa3_tensor_map_rows(&maps[2], p, &p->v, p->seqlen_k, p->heads_kv, 128)) != FA_OK ||
-        (st = fa3_tensor_map_rows(&maps[3], p, &p->dout, p->seqlen_q, p->heads_q, block_m)) != FA_OK)
+    CUtensorMap maps[4]; /* q, k, v, dout; varlen: rows are the packed tokens */
+    const int64_t rows_q = fa_is_varlen(p) ? p->total_q : p->seqlen_q,
+                  rows_k = fa_is_varlen(p) ? p->total_k : p->seqlen_k;
+    if ((st = fa3_tensor_map_rows(&maps[0], p, &p->q, rows_q, p->heads_q, block_m)) != FA_OK ||
+        (st = fa3_tensor_map_rows(&maps[1], p, &p->k, rows_k, p->heads_kv, 128)) != FA_OK ||
+        (st = fa3_tensor_map_rows(&maps[2], p, &p->v, rows_k, p->heads_kv, 128)) != FA_OK ||
+        (st = fa3_tensor_map_rows(&maps[3], p, &p->dout, rows_q, p->heads_q, block_m)) != FA_OK)
         return st;
     st = fa_cuda_status(cudaMemsetAsync(a.b.dq_accum, 0, fa2_bwd_dq_accum_bytes(&a.b), stream),
                         "fa3 backward dQ accumulator reset");

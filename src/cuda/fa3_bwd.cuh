@@ -5,11 +5,15 @@
  *
  * The pre- and post-pass are the FA2 backward's (fa2_bwd.cuh): preprocess writes D = rowsum(dO * O) and
  * LSE * log2(e) (+inf where a row sees no key), convert scales the fp32 dQ accumulator into dQ. Between them
- * one CTA per (key block of BN rows, kv head, batch) keeps K and V in shared memory and dK, dV in registers,
+ * one CTA per (key block of BN rows, kv head, batch; varlen: the longest sequence's key blocks, the others'
+ * CTAs past their keys exit) keeps K and V in shared memory and dK, dV in registers,
  * and walks the query blocks of BM rows that see its keys, for every query head of its GQA group:
  *   warpgroup 0  producer: thread 0 issues the TMA loads, K and V once, then Q and dO per step into a
  *                STAGES-deep ring (fa3_pipe); warp 1 copies the step's LSE * log2(e) and D rows beside them
- *                (+inf and 0 past the sequence, so that those queries get P = 0 without a mask).
+ *                (+inf and 0 past the sequence, so that those queries get P = 0 without a mask). In a varlen
+ *                batch (tensor maps over the packed tokens) the loads land on barriers of their own and warp 1
+ *                first zeroes the rows of the next sequence that a box reaches (fa3_bwd_zero_rows), so that
+ *                no value of another sequence meets this one's products, then releases the stage.
  *   warpgroups 1, 2  consumers, 64 key rows each (the A operand of every product is the warpgroup's own rows):
  *                S^T = K Q^T and dP^T = V dO^T (wgmma, both operands K-major in shared memory);
  *                P^T = exp2(S^T scale log2(e) - LSE2), dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap];
@@ -60,12 +64,15 @@ struct fa3_bwd_cfg {
     static constexpr int kOffDS = kOffDO + kStages * kQBytes;
     static constexpr int kOffRows = kOffDS + 2 * kDSBytes; /* per stage: LSE2[BM], then D[BM] */
     static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;
-    static constexpr int kBarKV = 0;                                    /* K and V loaded */
-    static constexpr int kBarFull = 8;                                  /* per stage: Q, dO (TMA) and the rows */
-    static constexpr int kBarEmpty = kBarFull + 8 * kStages;            /* per stage: every consumer thread is done */
-    static constexpr int kBarDSReady = kBarEmpty + 8 * kStages;         /* per dS^T buffer: both halves written */
-    static constexpr int kBarDSFree = kBarDSReady + 16;                 /* per dS^T buffer: both dQ products read it */
-    static constexpr int kSmemBytes = kOffBar + kBarDSFree + 16 + 1024; /* + aligning the base */
+    static constexpr int kBarKV = 0;                            /* K and V loaded */
+    static constexpr int kBarFull = 8;                          /* per stage: Q, dO (TMA) and the rows */
+    static constexpr int kBarEmpty = kBarFull + 8 * kStages;    /* per stage: every consumer thread is done */
+    static constexpr int kBarDSReady = kBarEmpty + 8 * kStages; /* per dS^T buffer: both halves written */
+    static constexpr int kBarDSFree = kBarDSReady + 16;         /* per dS^T buffer: both dQ products read it */
+    /* varlen: the TMA loads land here first; warp 1 zeroes the rows of the next sequence, then signals K V / full */
+    static constexpr int kBarKVLanded = kBarDSFree + 16;
+    static constexpr int kBarLanded = kBarKVLanded + 8;                          /* per stage */
+    static constexpr int kSmemBytes = kOffBar + kBarLanded + 8 * kStages + 1024; /* + aligning the base */
     /* The producer needs few registers; 24 + 2 x 240 = 3 x 168. */
     static constexpr int kRegsProducer = 24;
     static constexpr int kRegsConsumer = 240;
@@ -75,11 +82,13 @@ struct fa3_bwd_cfg {
     static_assert((BM == 128 && D == 64) || (BM == 64 && D == 128), "dQ splits into two 64 x 64 products");
     static_assert(kSmemBytes <= 232448, "shared memory");
 
-    static __device__ __forceinline__ void init_barriers(uint32_t bars) {
-        hp_mbar_init(bars + kBarKV, 1);
+    static __device__ __forceinline__ void init_barriers(uint32_t bars, bool varlen) {
+        hp_mbar_init(bars + kBarKV, varlen ? 32 : 1); /* varlen: warp 1's lanes, else the TMA thread */
+        hp_mbar_init(bars + kBarKVLanded, 1);
         for (int i = 0; i < kStages; ++i) {
-            hp_mbar_init(bars + kBarFull + 8 * i, 1 + 32); /* the TMA thread, and warp 1's lanes */
-            hp_mbar_init(bars + kBarEmpty + 8 * i, 256);   /* every consumer thread (each read the rows) */
+            hp_mbar_init(bars + kBarFull + 8 * i, varlen ? 32 : 1 + 32); /* [the TMA thread,] warp 1's lanes */
+            hp_mbar_init(bars + kBarEmpty + 8 * i, 256); /* every consumer thread (each read the rows) */
+            hp_mbar_init(bars + kBarLanded + 8 * i, 1);
         }
         for (int i = 0; i < 2; ++i) {
             hp_mbar_init(bars + kBarDSReady + 8 * i, 256);
@@ -354,6 +363,22 @@ static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 
 
 #endif /* FA_SM90A */
 
+/* Zeroes rows [from, rows) of a [D / 64 slabs][rows][64] tile, one warp: each row is one 128-byte line of its
+ * slab, so the swizzle only permutes within what is zeroed. In a varlen batch the rows past a sequence that a TMA
+ * box reaches belong to the next one, and a non-finite value there would reach this sequence's gradients
+ * through the products' zero weights. */
+template <int D>
+static __device__ __forceinline__ void fa3_bwd_zero_rows(uint8_t *tile, int rows, int from) {
+    /* the lane read here, not passed in: warp 1 runs on 24 registers, and a lane value held over its loop spills */
+    int lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const int chunks = (rows - from) * 8; /* 16-byte chunks per slab */
+#pragma unroll
+    for (int sl = 0; sl < D / 64; ++sl)
+        for (int i = lane; i < chunks; i += 32)
+            *reinterpret_cast<uint4 *>(tile + sl * rows * 128 + from * 128 + i * 16) = make_uint4(0, 0, 0, 0);
+}
+
 /* Named barrier that starts the second consumer warpgroup (id 0 is __syncthreads). */
 #define FA3_BWD_BAR_START 1
 
@@ -378,9 +403,13 @@ __global__ void __launch_bounds__(384, 1)
     const bwd_seq sq = bwd_seq_get(a, b);
     const int n0 = nb * BN;
     const fa3_bwd_blocks blk = fa3_bwd_blocks_get<BM, BN>(n0, sq.len_q, sq.len_k, a.window_left, a.window_right);
-    const int nmb = blk.hi - blk.lo, nsteps = nmb * a.group, hq0 = hk * a.group;
+    /* (varlen: the grid covers the longest sequence; a key block past this one's keys has nothing to do) */
+    const int nmb = blk.hi - blk.lo, nsteps = n0 < sq.len_k ? nmb * a.group : 0, hq0 = hk * a.group;
+    /* TMA coordinates: varlen rows are packed tokens of a batch extent 1 */
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    const int bq = varlen ? 0 : b, row_q = varlen ? (int)sq.tok_q : 0, row_k = varlen ? (int)sq.tok_k : 0;
 
-    if (threadIdx.x == 0) C::init_barriers(bars);
+    if (threadIdx.x == 0) C::init_barriers(bars, varlen);
     __syncthreads();
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
@@ -390,24 +419,43 @@ __global__ void __launch_bounds__(384, 1)
         if (threadIdx.x == 0 && nsteps > 0) {
             hp_prefetch_tensor_map(&tm_q);
             hp_prefetch_tensor_map(&tm_do);
-            hp_mbar_arrive_expect_tx(bars + C::kBarKV, 2 * C::kKVBytes);
-            hp_tma_load_5d(s_k, &tm_k, bars + C::kBarKV, 0, n0, 0, hk, b);
-            hp_tma_load_5d(s_v, &tm_v, bars + C::kBarKV, 0, n0, 0, hk, b);
+            const uint32_t bar_kv = bars + (varlen ? C::kBarKVLanded : C::kBarKV);
+            const uint32_t bar_full = bars + (varlen ? C::kBarLanded : C::kBarFull);
+            hp_mbar_arrive_expect_tx(bar_kv, 2 * C::kKVBytes);
+            hp_tma_load_5d(s_k, &tm_k, bar_kv, 0, row_k + n0, 0, hk, bq);
+            hp_tma_load_5d(s_v, &tm_v, bar_kv, 0, row_k + n0, 0, hk, bq);
             for (int t = 0; t < nsteps; ++t) {
                 const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, blk.lo, hq0);
                 const int slot = fa3_pipe<STAGES>::stage(t);
                 hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
-                hp_mbar_arrive_expect_tx(bars + C::kBarFull + 8 * slot, 2 * C::kQBytes);
-                hp_tma_load_5d(s_q + slot * C::kQBytes, &tm_q, bars + C::kBarFull + 8 * slot, 0, st.mb * BM, 0, st.hq,
-                               b);
-                hp_tma_load_5d(s_do + slot * C::kQBytes, &tm_do, bars + C::kBarFull + 8 * slot, 0, st.mb * BM, 0, st.hq,
-                               b);
+                hp_mbar_arrive_expect_tx(bar_full + 8 * slot, 2 * C::kQBytes);
+                hp_tma_load_5d(s_q + slot * C::kQBytes, &tm_q, bar_full + 8 * slot, 0, row_q + st.mb * BM, 0, st.hq,
+                               bq);
+                hp_tma_load_5d(s_do + slot * C::kQBytes, &tm_do, bar_full + 8 * slot, 0, row_q + st.mb * BM, 0, st.hq,
+                               bq);
             }
         } else if (warp == 1) {
+            if (varlen && nsteps > 0) { /* K and V: the rows past the sequence zeroed, then released */
+                hp_mbar_wait(bars + C::kBarKVLanded, 0);
+                if (sq.len_k - n0 < BN) {
+                    fa3_bwd_zero_rows<D>(smem + C::kOffK, BN, sq.len_k - n0);
+                    fa3_bwd_zero_rows<D>(smem + C::kOffV, BN, sq.len_k - n0);
+                    hp_fence_proxy_async();
+                }
+                hp_mbar_arrive(bars + C::kBarKV);
+            }
             for (int t = 0; t < nsteps; ++t) {
                 const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, blk.lo, hq0);
                 const int slot = fa3_pipe<STAGES>::stage(t);
                 hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
+                if (varlen) { /* Q and dO: likewise */
+                    hp_mbar_wait(bars + C::kBarLanded + 8 * slot, fa3_pipe<STAGES>::phase(t));
+                    if (sq.len_q - st.mb * BM < BM) {
+                        fa3_bwd_zero_rows<D>(smem + C::kOffQ + slot * C::kQBytes, BM, sq.len_q - st.mb * BM);
+                        fa3_bwd_zero_rows<D>(smem + C::kOffDO + slot * C::kQBytes, BM, sq.len_q - st.mb * BM);
+                        hp_fence_proxy_async();
+                    }
+                }
                 float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
 #pragma unroll
                 for (int r = lane; r < BM; r += 32) {
@@ -520,8 +568,8 @@ __global__ void __launch_bounds__(384, 1)
         fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + prev_m0 + dq_row0, sq.len_q - prev_m0 - dq_row0, prev_hq,
                           a.heads_q, dq_col0, f);
     }
-    const bool varlen = a.cu_seqlens_q != nullptr;
-    fa3_bwd_store_dkdv<D, T>(dk, dv, a, varlen ? 0 : b, hk, varlen ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
+    const bool packed = a.cu_seqlens_q != nullptr; /* (varlen, read again: no register held over the loop) */
+    fa3_bwd_store_dkdv<D, T>(dk, dv, a, packed ? 0 : b, hk, packed ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
 #endif /* FA_SM90A */
 }
 
