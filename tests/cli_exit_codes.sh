@@ -69,8 +69,10 @@ if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "
     expect 0 "info --plan: head dim 256 forward tiles" "fwd: +fa3 forward: 128 x 80 tiles.*tiles head-major" -- \
         info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
     expect 0 "info --plan --kernel fa2" "fwd: +fa2 forward: 128 x [0-9]+ tiles" -- info --plan --kernel fa2
-    expect 0 "info --plan --deterministic: the FA2 backward's slices" "bwd: +fa2 backward.*deterministic" -- \
-        info --plan --deterministic
+    expect 0 "info --plan --deterministic: the FA3 backward's dQ in a fixed order" \
+        "bwd: +fa3 backward.*fixed order \(deterministic\)" -- info --plan --deterministic
+    expect 0 "info --plan --deterministic, head dim 256: the FA2 backward's slices" "bwd: +fa2 backward.*deterministic" -- \
+        info --plan --deterministic --head-dim 256
     expect 2 "info --plan refuses f32" "f16 or bf16" -- info --plan --dtype f32
     expect 0 "info --plan --decode: one sequence of 32k splits the keys" \
         "decode: append, then 32 splits of the cache's 32768 rows.*256 attention CTAs" -- \

@@ -116,6 +116,7 @@ part_sanitize() {
         matrix+=("--backend cuda --kernel fa3 --bwd --dtype bf16 --batch 3 --seqlen-q 150 --seqlen-k 170 --heads 4 \
 --heads-kv 2 --head-dim $d --varlen")
     done
+    matrix+=("--backend cuda --kernel fa3 --bwd --deterministic $small --head-dim 128")
     matrix+=("--decode --backend cuda --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seqlen-k 300 --head-dim 128 \
 --page-size 16 --new 1 --rotary-dim 64")
     matrix+=("--decode --backend cuda --dtype f16 --batch 3 --heads 6 --heads-kv 2 --seqlen-k 300 --head-dim 192 \

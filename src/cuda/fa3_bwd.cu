@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_bwd.cu - FlashAttention-3 backward for Hopper (sm_90a), host side: which problems it takes (dense and
- * varlen batches; deterministic mode and ALiBi run the FA2 backward), the workspace (the FA2 backward's: fp32 dQ
+ * varlen batches, deterministic mode; ALiBi runs the FA2 backward), the workspace (the FA2 backward's: fp32 dQ
  * accumulator, LSE * log2(e), D), the tensor maps and the dispatch to the per-head-dim launchers (the kernel is in
  * fa3_bwd.cuh).
  *
@@ -31,7 +31,6 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
     default:
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: head_dim %d (compiled:" FA3_BWD_HDIMS_STR ")", p->head_dim);
     }
-    if (p->deterministic) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: deterministic mode runs the FA2 backward");
     if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: ALiBi runs the FA2 backward");
     if (p->seqlen_q < 1 || p->seqlen_k < 1) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: empty Q or K");
     if ((int64_t)((p->seqlen_k + 127) / 128) * p->heads_kv > INT32_MAX || p->batch > 65535 || p->heads_kv > 65535)
@@ -50,8 +49,19 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
     return FA_OK;
 }
 
+/* Deterministic mode's turn counts: an int per (batch, query head, query block), after the FA2 layout (the FA2
+ * backward's deterministic slices make that layout larger than this kernel's one slice needs). */
+static size_t fa3_bwd_turns_offset(const fa_params *p, const fa_cuda_device *dev) {
+    return (fa2_bwd_workspace_size(p, dev) + 255) & ~(size_t)255;
+}
+static int fa3_bwd_m_blocks(const fa_params *p) {
+    const int bm = fa3_bwd_block_m(p->head_dim);
+    return (p->seqlen_q + bm - 1) / bm;
+}
+
 extern "C" size_t fa3_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
-    return fa2_bwd_workspace_size(p, dev);
+    if (!p->deterministic) return fa2_bwd_workspace_size(p, dev);
+    return fa3_bwd_turns_offset(p, dev) + sizeof(int) * (size_t)p->batch * p->heads_q * fa3_bwd_m_blocks(p);
 }
 
 extern "C" void fa3_bwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size) {
@@ -59,8 +69,9 @@ extern "C" void fa3_bwd_describe(const fa_params *p, const fa_cuda_device *dev, 
     const int block_m = fa3_bwd_block_m(p->head_dim), key_blocks = (p->seqlen_k + 127) / 128;
     snprintf(buf, size,
              "a CTA per 128-key block (%d x %d x %d = %d CTAs), two consumer warpgroups of 64 keys walking %d-query "
-             "steps, dQ added to an fp32 accumulator; the FA2 backward's pre- and post-pass",
-             key_blocks, p->heads_kv, p->batch, key_blocks * p->heads_kv * p->batch, block_m);
+             "steps, dQ added to an fp32 accumulator%s; the FA2 backward's pre- and post-pass",
+             key_blocks, p->heads_kv, p->batch, key_blocks * p->heads_kv * p->batch, block_m,
+             p->deterministic ? " by the key blocks in a fixed order (deterministic)" : "");
 }
 
 extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, void *workspace, cudaStream_t stream) {
@@ -84,6 +95,14 @@ extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, 
     st = fa_cuda_status(cudaMemsetAsync(a.b.dq_accum, 0, fa2_bwd_dq_accum_bytes(&a.b), stream),
                         "fa3 backward dQ accumulator reset");
     if (st != FA_OK) return st;
+    if (p->deterministic) {
+        a.m_blocks = fa3_bwd_m_blocks(p);
+        a.dq_turns = (int *)((char *)workspace + fa3_bwd_turns_offset(p, dev));
+        st = fa_cuda_status(
+            cudaMemsetAsync(a.dq_turns, 0, sizeof(int) * (size_t)p->batch * p->heads_q * a.m_blocks, stream),
+            "fa3 backward turn counts reset");
+        if (st != FA_OK) return st;
+    }
     const int bf16 = p->dtype == FA_BF16;
     switch (p->head_dim) {
 #if FA_HAS_HDIM_64

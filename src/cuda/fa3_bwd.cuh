@@ -47,6 +47,9 @@
 struct fa3_bwd_args {
     fa2_bwd_args b;
     int key_blocks;
+    /* deterministic mode: per (batch, query head, query block), how many warpgroups have added their dQ part */
+    int *dq_turns;
+    int m_blocks; /* query blocks per (batch, head) in dq_turns: of the longest sequence */
 };
 
 template <int D, int BM>
@@ -338,6 +341,54 @@ static __device__ __forceinline__ void fa3_bwd_add_dq(const float (&dq)[32], flo
     }
 }
 
+/* Deterministic mode: the key blocks that see a query block add its dQ in descending order, which is the launch
+ * order (fa3_bwd_kernel takes the key blocks last first), so a CTA only waits for CTAs started before it and the
+ * first in the order never waits. The count of (batch, head, query block) goes up by one per consumer warpgroup
+ * when its adds are done; warpgroup c of the key block with turn k waits for 2 k. One thread polls; the
+ * warpgroup's named barrier (2 + c) passes the acquire on to the others, and gathers their adds before the
+ * release. */
+static __device__ __forceinline__ void fa3_bwd_turn_wait(const int *count, int target, int c) {
+    if (threadIdx.x % 128 == 0) {
+        int seen;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+            if (seen >= target) break;
+            __nanosleep(64);
+        }
+    }
+    hp_bar_sync(2 + c, 128);
+}
+static __device__ __forceinline__ void fa3_bwd_turn_done(int *count, int c) {
+    hp_bar_sync(2 + c, 128);
+    if (threadIdx.x % 128 == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
+}
+
+/* The last key block whose keys some query of block mb sees (its turn is 0). */
+template <int BM, int BN>
+static __device__ __forceinline__ int fa3_bwd_last_key_block(int mb, int len_q, int len_k, int wr) {
+    const long long m_last = min(mb * BM + BM, len_q) - 1;
+    long long n_hi = len_k - 1;
+    if (wr >= 0) n_hi = min(n_hi, m_last + (len_k - len_q) + wr);
+    return (int)(n_hi / BN);
+}
+
+/* fa3_bwd_add_dq for the step of query block m0 / BM and head hq, in its turn in deterministic mode. */
+template <int D, int BM, int BN>
+static __device__ __forceinline__ void fa3_bwd_add_dq_ordered(const float (&dq)[32], const fa3_bwd_args &args,
+                                                              const bwd_seq &sq, int b, int nb, int m0, int hq,
+                                                              int dq_row0, int dq_col0, int c, const fa3_bwd_frag &f) {
+    const fa2_bwd_args &a = args.b;
+    int *count = nullptr;
+    if (a.deterministic) {
+        const int mb = m0 / BM;
+        count = args.dq_turns + ((int64_t)b * a.heads_q + hq) * args.m_blocks + mb;
+        const int turn = fa3_bwd_last_key_block<BM, BN>(mb, sq.len_q, sq.len_k, a.window_right) - nb;
+        fa3_bwd_turn_wait(count, 2 * turn, c);
+    }
+    fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + m0 + dq_row0, sq.len_q - m0 - dq_row0, hq, a.heads_q, dq_col0, f);
+    if (a.deterministic) fa3_bwd_turn_done(count, c);
+}
+
 /* dK (times the softmax scale) and dV of the warpgroup's key rows from registers. */
 template <int D, typename T>
 static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 2], const float (&dv)[D / 2],
@@ -548,8 +599,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
             hp_mbar_arrive(bars + C::kBarDSFree + 8 * fa3_pipe<2>::stage(t - 1));
-            fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + prev_m0 + dq_row0, sq.len_q - prev_m0 - dq_row0, prev_hq,
-                              a.heads_q, dq_col0, f);
+            fa3_bwd_add_dq_ordered<D, BM, BN>(dq, args, sq, b, nb, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
         } else {
             hp_wgmma_wait<0>();
 #pragma unroll
@@ -565,8 +615,7 @@ __global__ void __launch_bounds__(384, 1)
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
-        fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + prev_m0 + dq_row0, sq.len_q - prev_m0 - dq_row0, prev_hq,
-                          a.heads_q, dq_col0, f);
+        fa3_bwd_add_dq_ordered<D, BM, BN>(dq, args, sq, b, nb, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
     }
     const bool packed = a.cu_seqlens_q != nullptr; /* (varlen, read again: no register held over the loop) */
     fa3_bwd_store_dkdv<D, T>(dk, dv, a, packed ? 0 : b, hk, packed ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
