@@ -519,16 +519,19 @@ static void varlen_cases(const target *t) {
         float *target = c == 0 ? dirty.q : c == 1 ? dirty.k : c == 2 ? dirty.v : dirty.dout;
         target[((size_t)L0 * H + 0) * D + 2] = NAN; /* token L0 = the second sequence's row 0, head 0 */
         const fa_status st = run(&dirty, t, 1);
-        int ok = st == FA_OK, bad = -1;
+        int ok = st == FA_OK, bad = -1, head = -1;
+        const char *what = "";
         for (int r = 0; r < L0 && ok; r++)
             for (int h = 0; h < H && ok; h++) {
                 const size_t o = ((size_t)r * H + h) * D;
-                ok = match(t, 1, dirty.dq + o, clean.dq + o, D) && same(dirty.dk + o, clean.dk + o, D) &&
-                     same(dirty.dv + o, clean.dv + o, D);
-                if (!ok) bad = r;
+                what = !match(t, 1, dirty.dq + o, clean.dq + o, D) ? "dQ"
+                       : !same(dirty.dk + o, clean.dk + o, D)     ? "dK"
+                       : !same(dirty.dv + o, clean.dv + o, D)     ? "dV"
+                                                                  : "";
+                if (!(ok = !*what)) bad = r, head = h;
             }
-        th_check(ok, "%s varlen backward, %s in the second sequence: the first's gradients unchanged (%s, row %d)",
-                 t->name, site[c], fa_status_name(st), bad);
+        th_check(ok, "%s varlen backward, %s in the second sequence: the first's gradients unchanged (%s; %s row %d head %d)",
+                 t->name, site[c], fa_status_name(st), what, bad, head);
     }
 }
 
