@@ -35,6 +35,8 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
     if (p->seqlen_q < 1 || p->seqlen_k < 1) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: empty Q or K");
     if ((int64_t)((p->seqlen_k + 127) / 128) * p->heads_kv > INT32_MAX || p->batch > 65535 || p->heads_kv > 65535)
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: grid too large");
+    if (p->deterministic && (p->seqlen_k + 127) / 128 > 65535) /* the key blocks are the grid's z there */
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: deterministic mode with more than 65535 key blocks");
     /* varlen: TMA coordinates are 32-bit token indices */
     if (fa_is_varlen(p) && (p->total_q > INT32_MAX - 128 || p->total_k > INT32_MAX - 128))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: more than 2^31 - 129 packed tokens");

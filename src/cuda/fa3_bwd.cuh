@@ -342,26 +342,15 @@ static __device__ __forceinline__ void fa3_bwd_add_dq(const float (&dq)[32], flo
 }
 
 /* Deterministic mode: the key blocks that see a query block add its dQ in descending order, which is the launch
- * order (fa3_bwd_kernel takes the key blocks last first), so a CTA only waits for CTAs started before it and the
- * first in the order never waits. The count of (batch, head, query block) goes up by one per consumer warpgroup
- * when its adds are done; warpgroup c of the key block with turn k waits for 2 k. One thread polls; the
- * warpgroup's named barrier (2 + c) passes the acquire on to the others, and gathers their adds before the
- * release. */
-static __device__ __forceinline__ void fa3_bwd_turn_wait(const int *count, int target, int c) {
-    if (threadIdx.x % 128 == 0) {
-        int seen;
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-            if (seen >= target) break;
-            __nanosleep(64);
-        }
-    }
-    hp_bar_sync(2 + c, 128);
-}
-static __device__ __forceinline__ void fa3_bwd_turn_done(int *count, int c) {
-    hp_bar_sync(2 + c, 128);
-    if (threadIdx.x % 128 == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
-}
+ * order (the grid takes the key blocks last first, each across every (kv head, batch) before the next), so a CTA
+ * only waits for CTAs started before it and the first in the order never waits. The count of (batch, head, query
+ * block) goes up by one per consumer warpgroup when its adds are done; warpgroup c of the key block with turn k
+ * waits for 2 k. The waiting and the release are a producer warp's (2 + c), so that neither the poll's round trip
+ * nor the release's drain of the adds stalls the warpgroup: the warp acquires the count of step s, lets the
+ * warpgroup add (named barrier FA3_BWD_BAR_GO + c), waits for its adds (FA3_BWD_BAR_DONE + c), then releases;
+ * the barriers order the adds between the acquire and the release. */
+#define FA3_BWD_BAR_GO 2
+#define FA3_BWD_BAR_DONE 4
 
 /* The last key block whose keys some query of block mb sees (its turn is 0). */
 template <int BM, int BN>
@@ -372,21 +361,41 @@ static __device__ __forceinline__ int fa3_bwd_last_key_block(int mb, int len_q, 
     return (int)(n_hi / BN);
 }
 
-/* fa3_bwd_add_dq for the step of query block m0 / BM and head hq, in its turn in deterministic mode. */
-template <int D, int BM, int BN>
-static __device__ __forceinline__ void fa3_bwd_add_dq_ordered(const float (&dq)[32], const fa3_bwd_args &args,
-                                                              const bwd_seq &sq, int b, int nb, int m0, int hq,
-                                                              int dq_row0, int dq_col0, int c, const fa3_bwd_frag &f) {
+/* The turn-keeping warp of consumer warpgroup c: one pass per step, in the consumers' order. */
+template <int BM, int BN>
+static __device__ __forceinline__ void fa3_bwd_turn_keeper(const fa3_bwd_args &args, const bwd_seq &sq, int b, int nb,
+                                                           int nsteps, int nmb, int lo, int hq0, int c) {
     const fa2_bwd_args &a = args.b;
-    int *count = nullptr;
-    if (a.deterministic) {
-        const int mb = m0 / BM;
-        count = args.dq_turns + ((int64_t)b * a.heads_q + hq) * args.m_blocks + mb;
-        const int turn = fa3_bwd_last_key_block<BM, BN>(mb, sq.len_q, sq.len_k, a.window_right) - nb;
-        fa3_bwd_turn_wait(count, 2 * turn, c);
+    int lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    for (int t = 0; t < nsteps; ++t) {
+        const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, lo, hq0);
+        int *count = args.dq_turns + ((int64_t)b * a.heads_q + st.hq) * args.m_blocks + st.mb;
+        if (lane == 0) {
+            const int target = 2 * (fa3_bwd_last_key_block<BM, BN>(st.mb, sq.len_q, sq.len_k, a.window_right) - nb);
+            for (;;) {
+                int seen;
+                asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+                if (seen >= target) break;
+                __nanosleep(64);
+            }
+        }
+        __syncwarp();
+        hp_bar_arrive(FA3_BWD_BAR_GO + c, 160);
+        hp_bar_sync(FA3_BWD_BAR_DONE + c, 160);
+        if (lane == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count) : "memory");
     }
+}
+
+/* fa3_bwd_add_dq for the step of query block m0 / BM and head hq, in its turn in deterministic mode. */
+template <int D>
+static __device__ __forceinline__ void fa3_bwd_add_dq_ordered(const float (&dq)[32], const fa3_bwd_args &args,
+                                                              const bwd_seq &sq, int m0, int hq, int dq_row0,
+                                                              int dq_col0, int c, const fa3_bwd_frag &f) {
+    const fa2_bwd_args &a = args.b;
+    if (a.deterministic) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
     fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + m0 + dq_row0, sq.len_q - m0 - dq_row0, hq, a.heads_q, dq_col0, f);
-    if (a.deterministic) fa3_bwd_turn_done(count, c);
+    if (a.deterministic) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
 }
 
 /* dK (times the softmax scale) and dV of the warpgroup's key rows from registers. */
@@ -449,8 +458,12 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t s_ds = base + C::kOffDS, bars = base + C::kOffBar;
     float *rows = (float *)(smem + C::kOffRows);
 
-    /* reversed: under a causal mask the first key blocks have the most query blocks; they start first */
-    const int nb = args.key_blocks - 1 - (int)blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    /* key blocks last first (deterministic mode: the order of the dQ adds); in deterministic mode the grid is
+     * (kv head, batch, key block), so that the CTAs running together are few key blocks of many heads, each a
+     * few steps behind the one it waits for, not one head's key blocks, each a step behind the previous */
+    const bool det = a.deterministic;
+    const int nb = args.key_blocks - 1 - (int)(det ? blockIdx.z : blockIdx.x);
+    const int hk = det ? blockIdx.x : blockIdx.y, b = det ? blockIdx.y : blockIdx.z;
     const bwd_seq sq = bwd_seq_get(a, b);
     const int n0 = nb * BN;
     const fa3_bwd_blocks blk = fa3_bwd_blocks_get<BM, BN>(n0, sq.len_q, sq.len_k, a.window_left, a.window_right);
@@ -518,6 +531,8 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 hp_mbar_arrive(bars + C::kBarFull + 8 * slot);
             }
+        } else if (det) {
+            fa3_bwd_turn_keeper<BM, BN>(args, sq, b, nb, nsteps, nmb, blk.lo, hq0, warp - 2);
         }
         return;
     }
@@ -599,7 +614,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
             hp_mbar_arrive(bars + C::kBarDSFree + 8 * fa3_pipe<2>::stage(t - 1));
-            fa3_bwd_add_dq_ordered<D, BM, BN>(dq, args, sq, b, nb, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
+            fa3_bwd_add_dq_ordered<D>(dq, args, sq, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
         } else {
             hp_wgmma_wait<0>();
 #pragma unroll
@@ -615,7 +630,7 @@ __global__ void __launch_bounds__(384, 1)
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
-        fa3_bwd_add_dq_ordered<D, BM, BN>(dq, args, sq, b, nb, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
+        fa3_bwd_add_dq_ordered<D>(dq, args, sq, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
     }
     const bool packed = a.cu_seqlens_q != nullptr; /* (varlen, read again: no register held over the loop) */
     fa3_bwd_store_dkdv<D, T>(dk, dv, a, packed ? 0 : b, hk, packed ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
@@ -640,7 +655,8 @@ static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, 
         cudaError_t err =
             cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
         if (err != cudaSuccess) return fa_cuda_status(err, "fa3 backward: setting the shared-memory size");
-        const dim3 grid(a->key_blocks, a->b.heads_kv, a->b.batch);
+        const dim3 grid = a->b.deterministic ? dim3(a->b.heads_kv, a->b.batch, a->key_blocks)
+                                             : dim3(a->key_blocks, a->b.heads_kv, a->b.batch);
         kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(*tm_q, *tm_k, *tm_v, *tm_do, *a);
         fa_status st = fa_cuda_status(cudaGetLastError(), "fa3 backward launch");
         if (st != FA_OK) return st;
