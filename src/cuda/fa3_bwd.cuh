@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 hp_mbar_arrive(bars + C::kBarFull + 8 * slot);
             }
-        } else if (det) {
+        } else if (det && warp >= 2) {
             fa3_bwd_turn_keeper<BM, BN>(args, sq, b, nb, nsteps, nmb, blk.lo, hq0, warp - 2);
         }
         return;

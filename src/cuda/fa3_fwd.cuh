@@ -818,11 +818,12 @@ static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m
 constexpr float kStaleSumMax = 4096.0f;
 template <int BN>
 static __device__ __forceinline__ bool fa3_softmax_stale(float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
-                                                         float scale_log2) {
+                                                         float scale_log2, const bool (&past)[2]) {
     const float neg_max[2] = { -m[0] * scale_log2, -m[1] * scale_log2 };
     float sum[2];
     fa3_exp_rows<BN>(s, neg_max, scale_log2, sum);
-    if (!__all_sync(0xffffffffu, sum[0] <= kStaleSumMax && sum[1] <= kStaleSumMax)) return false;
+    if (!__all_sync(0xffffffffu, (past[0] || sum[0] <= kStaleSumMax) && (past[1] || sum[1] <= kStaleSumMax)))
+        return false;
     l[0] += sum[0];
     l[1] += sum[1];
     return true;
@@ -866,6 +867,15 @@ static __device__ __forceinline__ fa3_mask_info fa3_mask_info_make(const fa3_arg
     return mi;
 }
 
+/* Whether the thread's rows (row0, row0 + 8) lie past the sequence: in a varlen batch they hold the next
+ * sequence's queries, which must not sway the warp's votes (fa3_softmax_stale), or this sequence's bits would
+ * depend on the next one's values. Never in a dense batch: those rows are TMA's zero fill. */
+template <bool GENERAL>
+static __device__ __forceinline__ void fa3_rows_past(bool (&past)[2], const fa3_mask_info &mi, int row0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) past[h] = GENERAL && row0 + 8 * h + mi.off >= mi.len_k;
+}
+
 template <int BN>
 static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float (&factor)[2], float (&l)[2]) {
 #pragma unroll
@@ -906,9 +916,11 @@ static __device__ __forceinline__ bool fa3_scores_stale(float (&s)[BN / 2], cons
                                                         const fa3_args &a, const fa3_mask_info &mi, int n, int row0,
                                                         int quad, bool &destroyed) {
     destroyed = false;
-    if (!__all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY)) return false;
+    bool past[2];
+    fa3_rows_past<GENERAL>(past, mi, row0);
+    if (!__all_sync(0xffffffffu, (past[0] || m[0] != -INFINITY) && (past[1] || m[1] != -INFINITY))) return false;
     if (MASKED) fa3_softcap_mask<BN, GENERAL, true>(s, a, mi, n, row0, quad);
-    destroyed = !fa3_softmax_stale<BN>(s, m, l, a.scale_log2);
+    destroyed = !fa3_softmax_stale<BN>(s, m, l, a.scale_log2, past);
     return !destroyed;
 }
 
@@ -948,11 +960,14 @@ static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], cons
         est[h] = fmaxf(est[h], __shfl_xor_sync(0xffffffffu, est[h], 1));
         est[h] = fmaxf(est[h], __shfl_xor_sync(0xffffffffu, est[h], 2));
     }
-    bool done = __all_sync(0xffffffffu, est[0] != -INFINITY && est[1] != -INFINITY), destroyed = false;
+    bool past[2];
+    fa3_rows_past<GENERAL>(past, mi, row0);
+    bool done = __all_sync(0xffffffffu, (past[0] || est[0] != -INFINITY) && (past[1] || est[1] != -INFINITY)),
+         destroyed = false;
     if (done) {
         m[0] = est[0];
         m[1] = est[1];
-        done = fa3_softmax_stale<BN>(s, m, l, a.scale_log2);
+        done = fa3_softmax_stale<BN>(s, m, l, a.scale_log2, past);
         destroyed = !done;
     }
     float factor[2] = { 1.0f, 1.0f };
