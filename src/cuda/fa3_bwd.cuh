@@ -47,6 +47,9 @@
 struct fa3_bwd_args {
     fa2_bwd_args b;
     int key_blocks;
+    /* deterministic mode's launch order: key blocks last first across this many (kv head, batch) pairs at a
+     * time (fa3_bwd_cta_get) */
+    int chunk_heads;
     /* deterministic mode: per (batch, query head, query block), how many warpgroups have added their dQ part */
     int *dq_turns;
     int m_blocks; /* query blocks per (batch, head) in dq_turns: of the longest sequence */
@@ -423,6 +426,35 @@ static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 
 
 #endif /* FA_SM90A */
 
+/* The CTA's key block and (kv head, batch). Key blocks last first (deterministic mode: the order of the dQ
+ * adds, so a CTA waits only for CTAs launched before it). By default one (kv head, batch) pair after another;
+ * in deterministic mode across args.chunk_heads pairs at a time, so that the CTAs running together are a few
+ * key blocks of each of several heads, each a few steps behind the one it waits for, rather than one head's
+ * key blocks, each a step behind the previous. */
+struct fa3_bwd_cta {
+    int nb, hk, b;
+};
+static __device__ __forceinline__ fa3_bwd_cta fa3_bwd_cta_get(const fa3_bwd_args &args) {
+    const int n = args.key_blocks, heads = args.b.heads_kv, pairs = heads * args.b.batch;
+    const long long i = blockIdx.x;
+    int rev, pair;
+    if (!args.b.deterministic) {
+        rev = (int)(i % n);
+        pair = (int)(i / n);
+    } else {
+        const int g = args.chunk_heads;
+        const long long chunk = i / ((long long)g * n), r = i - chunk * g * n;
+        const int width = min(g, pairs - (int)chunk * g); /* the last chunk may be narrower */
+        rev = (int)(r / width);
+        pair = (int)chunk * g + (int)(r % width);
+    }
+    fa3_bwd_cta c;
+    c.nb = n - 1 - rev;
+    c.hk = pair % heads;
+    c.b = pair / heads;
+    return c;
+}
+
 /* Zeroes rows [from, rows) of a [D / 64 slabs][rows][64] tile, one warp: each row is one 128-byte line of its
  * slab, so the swizzle only permutes within what is zeroed. In a varlen batch the rows past a sequence that a TMA
  * box reaches belong to the next one, and a non-finite value there would reach this sequence's gradients
@@ -458,12 +490,9 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t s_ds = base + C::kOffDS, bars = base + C::kOffBar;
     float *rows = (float *)(smem + C::kOffRows);
 
-    /* key blocks last first (deterministic mode: the order of the dQ adds); in deterministic mode the grid is
-     * (kv head, batch, key block), so that the CTAs running together are few key blocks of many heads, each a
-     * few steps behind the one it waits for, not one head's key blocks, each a step behind the previous */
     const bool det = a.deterministic;
-    const int nb = args.key_blocks - 1 - (int)(det ? blockIdx.z : blockIdx.x);
-    const int hk = det ? blockIdx.x : blockIdx.y, b = det ? blockIdx.y : blockIdx.z;
+    const fa3_bwd_cta cta = fa3_bwd_cta_get(args);
+    const int nb = cta.nb, hk = cta.hk, b = cta.b;
     const bwd_seq sq = bwd_seq_get(a, b);
     const int n0 = nb * BN;
     const fa3_bwd_blocks blk = fa3_bwd_blocks_get<BM, BN>(n0, sq.len_q, sq.len_k, a.window_left, a.window_right);
@@ -655,8 +684,7 @@ static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, 
         cudaError_t err =
             cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
         if (err != cudaSuccess) return fa_cuda_status(err, "fa3 backward: setting the shared-memory size");
-        const dim3 grid = a->b.deterministic ? dim3(a->b.heads_kv, a->b.batch, a->key_blocks)
-                                             : dim3(a->key_blocks, a->b.heads_kv, a->b.batch);
+        const unsigned grid = (unsigned)a->key_blocks * (unsigned)(a->b.heads_kv * a->b.batch);
         kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(*tm_q, *tm_k, *tm_v, *tm_do, *a);
         fa_status st = fa_cuda_status(cudaGetLastError(), "fa3 backward launch");
         if (st != FA_OK) return st;
