@@ -117,6 +117,9 @@ part_sanitize() {
 --heads-kv 2 --head-dim $d --varlen")
     done
     matrix+=("--backend cuda --kernel fa3 --bwd --deterministic $small --head-dim 128")
+    # (6 (kv head, batch) pairs: one chunk of 4 in deterministic mode's launch order, then one of 2)
+    matrix+=("--backend cuda --kernel fa3 --bwd --deterministic --dtype bf16 --batch 3 --seqlen 300 --heads 4 \
+--heads-kv 2 --head-dim 64 --varlen")
     matrix+=("--decode --backend cuda --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seqlen-k 300 --head-dim 128 \
 --page-size 16 --new 1 --rotary-dim 64")
     matrix+=("--decode --backend cuda --dtype f16 --batch 3 --heads 6 --heads-kv 2 --seqlen-k 300 --head-dim 192 \

@@ -24,13 +24,18 @@
  *                with 16-byte reductions in fa2_bwd_dq_index's order. The second warpgroup starts half a step
  *                late, so that one's GEMMs overlap the other's softmax.
  * dK (times the softmax scale) and dV are stored from registers after the last step.
+ * Deterministic mode: the key blocks that see a query block add its dQ one after another, last first, which is
+ * the launch order (fa3_bwd_cta_get); producer warps 2 and 3 keep the turns of consumer warpgroups 1 and 2
+ * (fa3_bwd_turn_keeper: acquire the count, let the warpgroup add, release), so neither the poll nor the
+ * release's drain stalls a consumer.
  *
  * Shared-memory tiles are [D / 64 slabs][rows][64 elements] with the 128-byte swizzle (as TMA writes them),
  * each 1024-byte aligned; dS^T is [BM / 64 slabs][BN key rows][64 queries], double-buffered, with an mbarrier per
  * buffer for "both halves written" and one for "both dQ products done".
  *
- * Parts: fa3_bwd_cfg (tile shapes, shared-memory layout, barriers, register split), fa3_bwd_blocks (the query
- * blocks that see a key block, and which need a mask), fa3_bwd_step (the head and query block of a step); for
+ * Parts: fa3_bwd_cfg (tile shapes, shared-memory layout, barriers, register split), fa3_bwd_cta (the CTA's key
+ * block and head), fa3_bwd_blocks (the query blocks that see a key block, and which need a mask), fa3_bwd_step
+ * (the head and query block of a step), fa3_bwd_turn_keeper (deterministic mode's order); for
  * the consumers fa3_bwd_issue_sdp, fa3_bwd_probs, fa3_bwd_dscores, fa3_bwd_issue_dkdv, fa3_bwd_store_ds,
  * fa3_bwd_issue_dq, fa3_bwd_add_dq and fa3_bwd_store_dkdv.
  */
