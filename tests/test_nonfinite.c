@@ -525,7 +525,7 @@ static void varlen_cases(const target *t) {
             for (int h = 0; h < H && ok; h++) {
                 const size_t o = ((size_t)r * H + h) * D;
                 const size_t l = (size_t)h * B * S + r; /* varlen LSE: (heads, total) */
-                what = !same(dirty.o + o, clean.o + o, D)           ? "O"
+                what = !same(dirty.o + o, clean.o + o, D)            ? "O"
                        : !same(dirty.lse + l, clean.lse + l, 1)      ? "LSE"
                        : !match(t, 1, dirty.dq + o, clean.dq + o, D) ? "dQ"
                        : !same(dirty.dk + o, clean.dk + o, D)        ? "dK"
@@ -533,8 +533,10 @@ static void varlen_cases(const target *t) {
                                                                      : "";
                 if (!(ok = !*what)) bad = r, head = h;
             }
-        th_check(ok, "%s varlen backward, %s in the second sequence: the first's gradients unchanged (%s; %s row %d head %d)",
-                 t->name, site[c], fa_status_name(st), what, bad, head);
+        th_check(
+            ok,
+            "%s varlen backward, %s in the second sequence: the first's gradients unchanged (%s; %s row %d head %d)",
+            t->name, site[c], fa_status_name(st), what, bad, head);
     }
 }
 

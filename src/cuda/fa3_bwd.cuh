@@ -357,7 +357,7 @@ static __device__ __forceinline__ void fa3_bwd_add_dq(const float (&dq)[32], flo
  * nor the release's drain of the adds stalls the warpgroup: the warp acquires the count of step s, lets the
  * warpgroup add (named barrier FA3_BWD_BAR_GO + c), waits for its adds (FA3_BWD_BAR_DONE + c), then releases;
  * the barriers order the adds between the acquire and the release. */
-#define FA3_BWD_BAR_GO 2
+#define FA3_BWD_BAR_GO   2
 #define FA3_BWD_BAR_DONE 4
 
 /* The last key block whose keys some query of block mb sees (its turn is 0). */
