@@ -243,38 +243,66 @@ __global__ void __launch_bounds__(DECODE_COMBINE_THREADS) decode_combine_kernel(
 
 /* Copies key tile n (keys n * BN ..) of sequence b, kv head hk, into sK and sV by cp.async: attended key j is
  * cache row leftpad + j; keys at or past len_k are zero-filled and not read (their pages may not exist). Thread
- * tid copies chunk tid % kChunks of rows tid / kChunks + i * kRowStep. A tile in one run of rows (a contiguous
- * cache, or one page) takes one slot lookup and fixed strides; one across pages looks up the page of each row. */
+ * tid copies chunk tid % kChunks of kIters consecutive rows, from (tid / kChunks) kIters (a warp's copies still
+ * cover whole 256-byte row segments). A tile in one run of rows (a contiguous cache, or one page) takes one slot
+ * lookup and a fixed stride; across pages a thread's rows lie in at most two pages when a page holds kIters
+ * rows, two lookups (a lookup per row cost page-16 caches twice the contiguous path's instructions); smaller
+ * pages look up the page of each row. */
 template <typename T, typename KVTile, int kThreads>
 static __device__ __forceinline__ void decode_load_tile(const decode_args &a, int b, int hk, int pad, int len_k, int n,
                                                         uint32_t sK, uint32_t sV, int tid) {
-    constexpr int kChunks = KVTile::kChunks, kRowStep = kThreads / kChunks;
-    constexpr int kIters = (KVTile::kRows + kRowStep - 1) / kRowStep;
-    static_assert(kRowStep >= 1, "decode: a row per thread group");
-    if (kThreads % kChunks && tid >= kRowStep * kChunks) return; /* head dims 96, 192: a few threads idle */
+    constexpr int kChunks = KVTile::kChunks, kGroups = kThreads / kChunks;
+    constexpr int kIters = (KVTile::kRows + kGroups - 1) / kGroups;
+    static_assert(kGroups >= 1, "decode: a row per thread group");
+    if (kThreads % kChunks && tid >= kGroups * kChunks) return; /* head dims 96, 192: a few threads idle */
     const T *k0 = (const T *)a.k_cache, *v0 = (const T *)a.v_cache;
-    const int r0 = tid / kChunks, c = tid % kChunks, j0 = n * KVTile::kRows + r0, first = pad + n * KVTile::kRows;
-    /* row r0 + i kRowStep of the tile exists (the last step of head dims 96, 192 is partial) */
-    auto in_tile = [&](int i) { return KVTile::kRows % kRowStep == 0 || r0 + i * kRowStep < KVTile::kRows; };
+    const int r0 = tid / kChunks * kIters, c = tid % kChunks, j0 = n * KVTile::kRows + r0, first = pad + n * KVTile::kRows;
+    /* row r0 + i of the tile exists (the last group of head dims 96, 192 reaches past the tile) */
+    auto in_tile = [&](int i) { return kIters * kGroups == KVTile::kRows || r0 + i < KVTile::kRows; };
+    auto copy = [&](int i, const T *ks, const T *vs) {
+        const bool valid = j0 + i < len_k;
+        const uint32_t d = KVTile::offset(r0 + i, c);
+        fa_cp_async_16(sK + d, valid ? ks : k0, valid);
+        fa_cp_async_16(sV + d, valid ? vs : v0, valid);
+    };
+    const int64_t hk_k = (int64_t)hk * a.kc_head + c * 8, hk_v = (int64_t)hk * a.vc_head + c * 8;
     if (!a.block_table ||
         (a.page_shift >= 0 ? first & a.page_mask : first % a.page_size) + KVTile::kRows <= a.page_size) {
         const decode_slot at = decode_cache_slot(a, b, first);
-        const T *ks = k0 + at.unit * a.kc_batch + (int64_t)(at.row + r0) * a.kc_row + hk * a.kc_head + c * 8;
-        const T *vs = v0 + at.unit * a.vc_batch + (int64_t)(at.row + r0) * a.vc_row + hk * a.vc_head + c * 8;
-        const int64_t k_step = kRowStep * a.kc_row, v_step = kRowStep * a.vc_row;
+        const T *ks = k0 + at.unit * a.kc_batch + (int64_t)(at.row + r0) * a.kc_row + hk_k;
+        const T *vs = v0 + at.unit * a.vc_batch + (int64_t)(at.row + r0) * a.vc_row + hk_v;
         if ((n + 1) * KVTile::kRows <= len_k) { /* every row attended: no predicate */
 #pragma unroll
-            for (int i = 0; i < kIters && in_tile(i); i++, ks += k_step, vs += v_step) {
-                fa_cp_async_16(sK + KVTile::offset(r0 + i * kRowStep, c), ks, true);
-                fa_cp_async_16(sV + KVTile::offset(r0 + i * kRowStep, c), vs, true);
+            for (int i = 0; i < kIters && in_tile(i); i++, ks += a.kc_row, vs += a.vc_row) {
+                const uint32_t d = KVTile::offset(r0 + i, c);
+                fa_cp_async_16(sK + d, ks, true);
+                fa_cp_async_16(sV + d, vs, true);
             }
             return;
         }
 #pragma unroll
-        for (int i = 0; i < kIters && in_tile(i); i++, ks += k_step, vs += v_step) {
-            const bool valid = j0 + i * kRowStep < len_k;
-            fa_cp_async_16(sK + KVTile::offset(r0 + i * kRowStep, c), valid ? ks : k0, valid);
-            fa_cp_async_16(sV + KVTile::offset(r0 + i * kRowStep, c), valid ? vs : v0, valid);
+        for (int i = 0; i < kIters && in_tile(i); i++, ks += a.kc_row, vs += a.vc_row) copy(i, ks, vs);
+        return;
+    }
+    if (a.page_size >= kIters) { /* the rows from r0 in page A up to `split`, then in page B from its row 0 */
+        const T *ka = k0, *va = v0, *kb = k0, *vb = v0;
+        int split = kIters;
+        if (j0 < len_k) {
+            const decode_slot at = decode_cache_slot(a, b, pad + j0);
+            ka = k0 + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + hk_k;
+            va = v0 + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + hk_v;
+            split = a.page_size - at.row;
+            if (split < kIters && j0 + split < len_k) {
+                const decode_slot bt = decode_cache_slot(a, b, pad + j0 + split);
+                kb = k0 + bt.unit * a.kc_batch + hk_k;
+                vb = v0 + bt.unit * a.vc_batch + hk_v;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kIters && in_tile(i); i++) {
+            const bool in_a = i < split;
+            copy(i, in_a ? ka + (int64_t)i * a.kc_row : kb + (int64_t)(i - split) * a.kc_row,
+                 in_a ? va + (int64_t)i * a.vc_row : vb + (int64_t)(i - split) * a.vc_row);
         }
         return;
     }
@@ -282,21 +310,15 @@ static __device__ __forceinline__ void decode_load_tile(const decode_args &a, in
     const T *ks[kIters], *vs[kIters];
 #pragma unroll
     for (int i = 0; i < kIters; i++) {
-        const int j = j0 + i * kRowStep;
         ks[i] = k0, vs[i] = v0;
-        if (in_tile(i) && j < len_k) {
-            const decode_slot at = decode_cache_slot(a, b, pad + j);
-            ks[i] = k0 + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + hk * a.kc_head + c * 8;
-            vs[i] = v0 + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + hk * a.vc_head + c * 8;
+        if (in_tile(i) && j0 + i < len_k) {
+            const decode_slot at = decode_cache_slot(a, b, pad + j0 + i);
+            ks[i] = k0 + at.unit * a.kc_batch + (int64_t)at.row * a.kc_row + hk_k;
+            vs[i] = v0 + at.unit * a.vc_batch + (int64_t)at.row * a.vc_row + hk_v;
         }
     }
 #pragma unroll
-    for (int i = 0; i < kIters && in_tile(i); i++) {
-        const bool valid = j0 + i * kRowStep < len_k;
-        const uint32_t d = KVTile::offset(r0 + i * kRowStep, c);
-        fa_cp_async_16(sK + d, ks[i], valid);
-        fa_cp_async_16(sV + d, vs[i], valid);
-    }
+    for (int i = 0; i < kIters && in_tile(i); i++) copy(i, ks[i], vs[i]);
 }
 
 template <typename T, int D, int STAGES>
