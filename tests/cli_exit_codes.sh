@@ -64,15 +64,19 @@ if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "
     expect 0 "info --plan: head dim 64, causal 1k: the FA3 backward" "bwd: +fa3 backward: a CTA per 128-key block \(8 x 32 x 16" -- $plan
     expect 0 "info --plan: head dim 64, causal 200: 128-row tiles" "fwd: +fa3 forward: 128 x 128 tiles, 2 consumer warpgroups" -- \
         info --plan --head-dim 64 --seqlen 200 --causal
-    expect 0 "info --plan: head dim 256: 80-key FA3 blocks, the FA2 backward" "bwd: +fa2 backward: [0-9]+-key blocks" -- \
+    expect 0 "info --plan: head dim 256: the FA3 backward's 64-key blocks" "bwd: +fa3 backward: a CTA per 64-key block \(256 x 8 x 1" -- \
         info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
+    expect 0 "info --plan: head dim 256 with softcap: the FA2 backward" "bwd: +fa2 backward: [0-9]+-key blocks" -- \
+        info --plan --head-dim 256 --softcap 30
     expect 0 "info --plan: head dim 256 forward tiles" "fwd: +fa3 forward: 128 x 80 tiles.*tiles head-major" -- \
         info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
     expect 0 "info --plan --kernel fa2" "fwd: +fa2 forward: 128 x [0-9]+ tiles" -- info --plan --kernel fa2
     expect 0 "info --plan --deterministic: the FA3 backward's dQ in a fixed order" \
         "bwd: +fa3 backward.*fixed order \(deterministic\)" -- info --plan --deterministic
-    expect 0 "info --plan --deterministic, head dim 256: the FA2 backward's slices" "bwd: +fa2 backward.*deterministic" -- \
-        info --plan --deterministic --head-dim 256
+    expect 0 "info --plan --deterministic, head dim 256: the FA3 backward's fixed order" \
+        "bwd: +fa3 backward.*fixed order \(deterministic\)" -- info --plan --deterministic --head-dim 256
+    expect 0 "info --plan --deterministic with ALiBi: the FA2 backward's slices" "bwd: +fa2 backward.*deterministic" -- \
+        info --plan --deterministic --alibi
     expect 2 "info --plan refuses f32" "f16 or bf16" -- info --plan --dtype f32
     expect 0 "info --plan --decode: one sequence of 32k splits the keys" \
         "decode: append, then 32 splits of the cache's 32768 rows.*256 attention CTAs" -- \

@@ -287,6 +287,12 @@ static void gpu_cases(void) {
      * window on both sides with more queries than keys */
     add("blocks", with_causal(shape(FA_BF16, 1, 8, 1, 640, 1100, 64)), F);
     add("blocks", with_window(shape(FA_F16, 2, 4, 2, 1100, 640, 128), 100, 37), F);
+    /* head dim 256 (64 x 64 steps, the keys split between the warpgroups for S, the head dim for dK, dV, dQ) */
+    add("blocks", with_causal(shape(FA_BF16, 1, 8, 1, 300, 700, 256)), F);
+    add("blocks", with_window(shape(FA_F16, 2, 4, 2, 700, 300, 256), 100, 37), F);
+    add("determinism", with_causal(shape(FA_BF16, 3, 4, 2, 300, 300, 256)), F | DET);
+    add("nan-padding", with_layout(with_varlen(shape(FA_BF16, 5, 4, 2, 150, 170, 256), 9), VF_LAYOUT_PADDED),
+        F | NANPAD);
     add("layout", with_layout(shape(FA_BF16, 2, 4, 2, 137, 153, 128), VF_LAYOUT_BHSD), F);
     add("layout", with_layout(with_causal(shape(FA_F16, 2, 4, 2, 137, 153, 64)), VF_LAYOUT_PADDED), F);
     add("layout", with_layout(with_varlen(shape(FA_BF16, 5, 4, 2, 100, 100, 128), 3), VF_LAYOUT_MIXED), F);

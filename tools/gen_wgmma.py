@@ -7,10 +7,11 @@ wrappers are generated rather than written by hand. Run from the repository root
     python3 tools/gen_wgmma.py > src/cuda/fa3_wgmma.cuh
 """
 
-SS_N = [64, 80, 96, 112, 128, 144, 160, 176, 192]  # S = Q K^T: N = key block
+SS_N = [32, 64, 80, 96, 112, 128, 144, 160, 176, 192]  # S = Q K^T: N = key block (32: a warpgroup's half of 64)
 RS_N = [64, 128, 256]                             # O += P V: N = head dim
 RSK_N = [128]                                     # S = Q K^T with Q in registers: N = key block
 SST_N = [64]                                      # backward dQ = dS K: N = the head-dim columns of a warpgroup
+SSKMN_N = [64]                                    # backward (head dim 256) dQ = dS K with dS K-major
 TYPES = [("half", "f16", "__half"), ("bf16", "bf16", "__nv_bfloat16")]
 
 
@@ -24,7 +25,9 @@ def acc_operands(n):
     return (",\n          ").join(lines)
 
 
-def emit_ss(n, ptx_type, elem, name="fa3_wgmma_ss", trans=0):
+def emit_ss(n, ptx_type, elem, name="fa3_wgmma_ss", trans=0, trans_b=None):
+    trans_a = trans
+    trans_b = trans if trans_b is None else trans_b
     nacc = n // 2
     print("template <> __device__ __forceinline__ void %s<%d, %s>(float (&d)[%d], uint64_t desc_a,"
           % (name, n, elem, nacc))
@@ -35,7 +38,7 @@ def emit_ss(n, ptx_type, elem, name="fa3_wgmma_ss", trans=0):
     for i in range(0, nacc, 16):
         sep = ", " if i + 16 < nacc else ""
         print('        "%s%s"' % (reg_list(i, min(16, nacc - i)), sep))
-    print('        "}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n"' % (nacc, nacc + 1, trans, trans))
+    print('        "}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n"' % (nacc, nacc + 1, trans_a, trans_b))
     print("        : " + acc_operands(n))
     print('        : "l"(desc_a), "l"(desc_b), "r"(accumulate));')
     print("}")
@@ -75,6 +78,7 @@ print("""/* SPDX-License-Identifier: Apache-2.0 */
  *   K-major (as fa3_wgmma_ss's B).
  * fa3_wgmma_ss_mn<N, T>: D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B in shared memory, both MN-major (both
  *   transpose immediates set).
+ * fa3_wgmma_ss_kmn<N, T>: D[64 x N] (+)= A[64 x 16] * B[16 x N], A in shared memory K-major, B MN-major.
  * T is the 16-bit element type of A and B (__half or __nv_bfloat16).
  * D is the fp32 accumulator fragment: d[e + 2h + 4c] holds (row 16 * warp + lane / 4 + 8h, col 8c + 2 * (lane % 4) + e).
  */
@@ -99,6 +103,9 @@ __device__ __forceinline__ void fa3_wgmma_rs_kmajor(float (&d)[N / 2], uint32_t 
 template <int N, typename T>
 __device__ __forceinline__ void fa3_wgmma_ss_mn(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
 
+template <int N, typename T>
+__device__ __forceinline__ void fa3_wgmma_ss_kmn(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 """)
 for _, ptx, bf in TYPES:
@@ -110,6 +117,8 @@ for _, ptx, bf in TYPES:
         emit_rs(n, ptx, bf, "fa3_wgmma_rs_kmajor", 0)
     for n in SST_N:
         emit_ss(n, ptx, bf, "fa3_wgmma_ss_mn", 1)
+    for n in SSKMN_N:
+        emit_ss(n, ptx, bf, "fa3_wgmma_ss_kmn", 0, 1)
 print("""#endif /* sm_90a */
 
 #endif /* FLASHATTN_CUDA_FA3_WGMMA_CUH */""")

@@ -6,7 +6,9 @@
  * fa3_bwd.cuh).
  *
  * Query tile per head dim: 128 rows at head dim 64 and 64 at 128, so that dQ = dS K splits into one 64 x 64
- * product per consumer warpgroup, and S^T, dP^T, dK and dV of a warpgroup's 64 keys fit its 240 registers.
+ * product per consumer warpgroup, and S^T, dP^T, dK and dV of a warpgroup's 64 keys fit its 240 registers. Head
+ * dim 256: 64 queries x 64 keys, the consumers splitting the keys for S and dP and the head dim for dK, dV and dQ
+ * (fa3_bwd_wide_kernel).
  */
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +17,10 @@
 
 static int fa3_bwd_block_m(int head_dim) {
     return head_dim == 64 ? 128 : 64;
+}
+/* Keys per CTA: 128 (two warpgroups of 64 keys), 64 at head dim 256 (fa3_bwd_wide_kernel). */
+static int fa3_bwd_block_n(int head_dim) {
+    return head_dim == 256 ? 64 : 128;
 }
 
 extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device *dev) {
@@ -32,8 +38,11 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: head_dim %d (compiled:" FA3_BWD_HDIMS_STR ")", p->head_dim);
     }
     if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: ALiBi runs the FA2 backward");
+    if (p->head_dim == 256 && p->softcap > 0.0f)
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: softcap at head dim 256 runs the FA2 backward");
     if (p->seqlen_q < 1 || p->seqlen_k < 1) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: empty Q or K");
-    if ((int64_t)((p->seqlen_k + 127) / 128) * p->heads_kv * p->batch > INT32_MAX) /* a 1-D grid */
+    const int block_n = fa3_bwd_block_n(p->head_dim);
+    if ((int64_t)((p->seqlen_k + block_n - 1) / block_n) * p->heads_kv * p->batch > INT32_MAX) /* a 1-D grid */
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: grid too large");
     /* varlen: TMA coordinates are 32-bit token indices */
     if (fa_is_varlen(p) && (p->total_q > INT32_MAX - 128 || p->total_k > INT32_MAX - 128))
@@ -66,11 +75,13 @@ extern "C" size_t fa3_bwd_workspace_size(const fa_params *p, const fa_cuda_devic
 
 extern "C" void fa3_bwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size) {
     (void)dev;
-    const int block_m = fa3_bwd_block_m(p->head_dim), key_blocks = (p->seqlen_k + 127) / 128;
+    const int block_m = fa3_bwd_block_m(p->head_dim), block_n = fa3_bwd_block_n(p->head_dim);
+    const int key_blocks = (p->seqlen_k + block_n - 1) / block_n;
     snprintf(buf, size,
-             "a CTA per 128-key block (%d x %d x %d = %d CTAs), two consumer warpgroups of 64 keys walking %d-query "
-             "steps, dQ added to an fp32 accumulator%s; the FA2 backward's pre- and post-pass",
-             key_blocks, p->heads_kv, p->batch, key_blocks * p->heads_kv * p->batch, block_m,
+             "a CTA per %d-key block (%d x %d x %d = %d CTAs), two consumer warpgroups %s walking %d-query steps, dQ "
+             "added to an fp32 accumulator%s; the FA2 backward's pre- and post-pass",
+             block_n, key_blocks, p->heads_kv, p->batch, key_blocks * p->heads_kv * p->batch,
+             p->head_dim == 256 ? "splitting the keys for S and the head dim for dK, dV, dQ" : "of 64 keys", block_m,
              p->deterministic ? " by the key blocks in a fixed order (deterministic)" : "");
 }
 
@@ -82,7 +93,8 @@ extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, 
     fa3_bwd_args a;
     memset(&a, 0, sizeof a);
     fa2_bwd_args_make(p, 1, workspace, &a.b);
-    a.key_blocks = (p->seqlen_k + 127) / 128;
+    const int block_n = fa3_bwd_block_n(p->head_dim);
+    a.key_blocks = (p->seqlen_k + block_n - 1) / block_n;
     /* Deterministic mode, 4 (kv head, batch) pairs at a time (H200, d128 / d64, 8k, causal or not, Llama's GQA):
      * 0.92-1.0x the default mode; one pair at a time 0.74-0.99x (each key block a step behind the previous),
      * all pairs 0.70-0.83x, 8 pairs 0.82-0.98x (Q, dO and the dQ accumulator of that many heads fall out of L2). */
@@ -92,8 +104,8 @@ extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, 
     const int64_t rows_q = fa_is_varlen(p) ? p->total_q : p->seqlen_q,
                   rows_k = fa_is_varlen(p) ? p->total_k : p->seqlen_k;
     if ((st = fa3_tensor_map_rows(&maps[0], p, &p->q, rows_q, p->heads_q, block_m)) != FA_OK ||
-        (st = fa3_tensor_map_rows(&maps[1], p, &p->k, rows_k, p->heads_kv, 128)) != FA_OK ||
-        (st = fa3_tensor_map_rows(&maps[2], p, &p->v, rows_k, p->heads_kv, 128)) != FA_OK ||
+        (st = fa3_tensor_map_rows(&maps[1], p, &p->k, rows_k, p->heads_kv, block_n)) != FA_OK ||
+        (st = fa3_tensor_map_rows(&maps[2], p, &p->v, rows_k, p->heads_kv, block_n)) != FA_OK ||
         (st = fa3_tensor_map_rows(&maps[3], p, &p->dout, rows_q, p->heads_q, block_m)) != FA_OK)
         return st;
     st = fa_cuda_status(cudaMemsetAsync(a.b.dq_accum, 0, fa2_bwd_dq_accum_bytes(&a.b), stream),
@@ -114,6 +126,9 @@ extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, 
 #endif
 #if FA_HAS_HDIM_128
     case 128: return fa3_bwd_run_hdim128(&a, maps, bf16, stream);
+#endif
+#if FA_HAS_HDIM_256
+    case 256: return fa3_bwd_run_hdim256(&a, maps, bf16, stream);
 #endif
     default: return fa_fail(FA_ERR_INTERNAL, "fa3 backward: no launcher for head_dim %d", p->head_dim);
     }

@@ -60,14 +60,17 @@ struct fa3_bwd_args {
     int m_blocks; /* query blocks per (batch, head) in dq_turns: of the longest sequence */
 };
 
-template <int D, int BM>
-struct fa3_bwd_cfg {
-    static constexpr int kBN = 128;      /* key rows per CTA: 64 per consumer warpgroup */
-    static constexpr int kStages = 3;    /* Q / dO ring: the second warpgroup runs up to a step behind */
+/* Shared-memory layout, barriers and register split of a backward CTA: K and V of BN key rows, a STAGES-deep
+ * ring of Q and dO tiles of BM rows with their row values, and two buffers of DS_BYTES each for what the
+ * consumers exchange per step (dS^T; with split_keys, P and dS). */
+template <int D, int BM, int BN, int STAGES, int DS_BYTES>
+struct fa3_bwd_layout {
+    static constexpr int kBN = BN;
+    static constexpr int kStages = STAGES;
     static constexpr int kThreads = 384; /* producer + two consumer warpgroups */
-    static constexpr int kKVBytes = kBN * D * 2;
+    static constexpr int kKVBytes = BN * D * 2;
     static constexpr int kQBytes = BM * D * 2;
-    static constexpr int kDSBytes = kBN * BM * 2;
+    static constexpr int kDSBytes = DS_BYTES;
     static constexpr int kOffK = 0;
     static constexpr int kOffV = kOffK + kKVBytes;
     static constexpr int kOffQ = kOffV + kKVBytes;
@@ -78,8 +81,8 @@ struct fa3_bwd_cfg {
     static constexpr int kBarKV = 0;                            /* K and V loaded */
     static constexpr int kBarFull = 8;                          /* per stage: Q, dO (TMA) and the rows */
     static constexpr int kBarEmpty = kBarFull + 8 * kStages;    /* per stage: every consumer thread is done */
-    static constexpr int kBarDSReady = kBarEmpty + 8 * kStages; /* per dS^T buffer: both halves written */
-    static constexpr int kBarDSFree = kBarDSReady + 16;         /* per dS^T buffer: both dQ products read it */
+    static constexpr int kBarDSReady = kBarEmpty + 8 * kStages; /* per exchange buffer: both halves written */
+    static constexpr int kBarDSFree = kBarDSReady + 16;         /* per exchange buffer: both warpgroups read it */
     /* varlen: the TMA loads land here first; warp 1 zeroes the rows of the next sequence, then signals K V / full */
     static constexpr int kBarKVLanded = kBarDSFree + 16;
     static constexpr int kBarLanded = kBarKVLanded + 8;                          /* per stage */
@@ -88,9 +91,6 @@ struct fa3_bwd_cfg {
     static constexpr int kRegsProducer = 24;
     static constexpr int kRegsConsumer = 240;
     static_assert(hp_reg_split_fits(kRegsProducer, kRegsConsumer, 2), "register split");
-    /* dQ = dS K per consumer warpgroup: 64 query rows x 64 columns. */
-    static constexpr bool kDQByRows = BM == 128;
-    static_assert((BM == 128 && D == 64) || (BM == 64 && D == 128), "dQ splits into two 64 x 64 products");
     static_assert(kSmemBytes <= 232448, "shared memory");
 
     static __device__ __forceinline__ void init_barriers(uint32_t bars, bool varlen) {
@@ -107,6 +107,24 @@ struct fa3_bwd_cfg {
         }
         hp_fence_barrier_init();
     }
+};
+
+/* Head dims 64 and 128: a consumer warpgroup owns 64 of the 128 keys (S^T, dP^T, dK, dV of its rows); dS^T
+ * exchanged for dQ; the ring 3 deep, as the second warpgroup runs up to a step behind. */
+template <int D, int BM>
+struct fa3_bwd_cfg : fa3_bwd_layout<D, BM, 128, 3, 128 * BM * 2> {
+    /* dQ = dS K per consumer warpgroup: 64 query rows x 64 columns. */
+    static constexpr bool kDQByRows = BM == 128;
+    static_assert((BM == 128 && D == 64) || (BM == 64 && D == 128), "dQ splits into two 64 x 64 products");
+};
+
+/* Head dim 256 (fa3_bwd_wide_kernel): dK and dV of 128 keys would take a warpgroup 256 registers, so 64 queries x
+ * 64 keys per step, S and dP split along the keys (32 per warpgroup), dK^T, dV^T and dQ along the head dim (128
+ * per warpgroup); P and dS exchanged (one 64 x 64 tile each per buffer); a 2-deep ring (its 32 KB stages). */
+template <int D>
+struct fa3_bwd_wide_cfg : fa3_bwd_layout<D, 64, 64, 2, 2 * 64 * 64 * 2> {
+    static constexpr int kPBytes = 64 * 64 * 2; /* P at the buffer's start, dS after it */
+    static_assert(D == 256, "the head-dim split is two warpgroups x 128");
 };
 
 /* The query blocks [lo, hi) that see some key of a key block; the blocks outside [mask_lo, mask_hi) hold an
@@ -479,6 +497,106 @@ static __device__ __forceinline__ void fa3_bwd_zero_rows(uint8_t *tile, int rows
 /* Named barrier that starts the second consumer warpgroup (id 0 is __syncthreads). */
 #define FA3_BWD_BAR_START 1
 
+/* What a CTA works on: its key block (keys n0..) of a (kv head, batch), the query blocks that see it, and its
+ * nsteps steps (each query block for each query head of the group). */
+struct fa3_bwd_work {
+    fa3_bwd_cta cta;
+    bwd_seq sq;
+    fa3_bwd_blocks blk;
+    int n0, nmb, nsteps, hq0;
+    bool varlen;
+    int bq, row_q, row_k; /* TMA coordinates: varlen rows are packed tokens of a batch extent 1 */
+};
+template <int BM, int BN>
+static __device__ __forceinline__ fa3_bwd_work fa3_bwd_work_get(const fa3_bwd_args &args) {
+    const fa2_bwd_args &a = args.b;
+    fa3_bwd_work w;
+    w.cta = fa3_bwd_cta_get(args);
+    w.sq = bwd_seq_get(a, w.cta.b);
+    w.n0 = w.cta.nb * BN;
+    w.blk = fa3_bwd_blocks_get<BM, BN>(w.n0, w.sq.len_q, w.sq.len_k, a.window_left, a.window_right);
+    /* (varlen: the grid covers the longest sequence; a key block past this one's keys has nothing to do) */
+    w.nmb = w.blk.hi - w.blk.lo;
+    w.nsteps = w.n0 < w.sq.len_k ? w.nmb * a.group : 0;
+    w.hq0 = w.cta.hk * a.group;
+    w.varlen = a.cu_seqlens_q != nullptr;
+    w.bq = w.varlen ? 0 : w.cta.b;
+    w.row_q = w.varlen ? (int)w.sq.tok_q : 0;
+    w.row_k = w.varlen ? (int)w.sq.tok_k : 0;
+    return w;
+}
+
+#if FA_SM90A
+/* The producer warpgroup (on C::kRegsProducer registers): thread 0 issues the TMA loads, K and V once, then Q and
+ * dO per step into the ring; warp 1 writes each step's row values (and, in a varlen batch, first zeroes the rows
+ * of the next sequence that a box reaches); in deterministic mode warps 2 and 3 keep the consumers' turns. */
+template <class C, int D, int BM>
+static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                                        const CUtensorMap *tm_v, const CUtensorMap *tm_do,
+                                                        const fa3_bwd_args &args, const fa3_bwd_work &w, uint8_t *smem,
+                                                        uint32_t base) {
+    constexpr int BN = C::kBN, STAGES = C::kStages;
+    const fa2_bwd_args &a = args.b;
+    const uint32_t bars = base + C::kOffBar, s_q = base + C::kOffQ, s_do = base + C::kOffDO;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0 && w.nsteps > 0) {
+        hp_prefetch_tensor_map(tm_q);
+        hp_prefetch_tensor_map(tm_do);
+        const uint32_t bar_kv = bars + (w.varlen ? C::kBarKVLanded : C::kBarKV);
+        const uint32_t bar_full = bars + (w.varlen ? C::kBarLanded : C::kBarFull);
+        hp_mbar_arrive_expect_tx(bar_kv, 2 * C::kKVBytes);
+        hp_tma_load_5d(base + C::kOffK, tm_k, bar_kv, 0, w.row_k + w.n0, 0, w.cta.hk, w.bq);
+        hp_tma_load_5d(base + C::kOffV, tm_v, bar_kv, 0, w.row_k + w.n0, 0, w.cta.hk, w.bq);
+        for (int t = 0; t < w.nsteps; ++t) {
+            const fa3_bwd_step st = fa3_bwd_step_get(t, w.nmb, w.blk.lo, w.hq0);
+            const int slot = fa3_pipe<STAGES>::stage(t);
+            hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
+            hp_mbar_arrive_expect_tx(bar_full + 8 * slot, 2 * C::kQBytes);
+            hp_tma_load_5d(s_q + slot * C::kQBytes, tm_q, bar_full + 8 * slot, 0, w.row_q + st.mb * BM, 0, st.hq, w.bq);
+            hp_tma_load_5d(s_do + slot * C::kQBytes, tm_do, bar_full + 8 * slot, 0, w.row_q + st.mb * BM, 0, st.hq,
+                           w.bq);
+        }
+    } else if (warp == 1) {
+        const bwd_seq &sq = w.sq;
+        if (w.varlen && w.nsteps > 0) { /* K and V: the rows past the sequence zeroed, then released */
+            hp_mbar_wait(bars + C::kBarKVLanded, 0);
+            if (sq.len_k - w.n0 < BN) {
+                fa3_bwd_zero_rows<D>(smem + C::kOffK, BN, sq.len_k - w.n0);
+                fa3_bwd_zero_rows<D>(smem + C::kOffV, BN, sq.len_k - w.n0);
+                hp_fence_proxy_async();
+            }
+            hp_mbar_arrive(bars + C::kBarKV);
+        }
+        float *rows = (float *)(smem + C::kOffRows);
+        for (int t = 0; t < w.nsteps; ++t) {
+            const fa3_bwd_step st = fa3_bwd_step_get(t, w.nmb, w.blk.lo, w.hq0);
+            const int slot = fa3_pipe<STAGES>::stage(t);
+            hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
+            if (w.varlen) { /* Q and dO: likewise */
+                hp_mbar_wait(bars + C::kBarLanded + 8 * slot, fa3_pipe<STAGES>::phase(t));
+                if (sq.len_q - st.mb * BM < BM) {
+                    fa3_bwd_zero_rows<D>(smem + C::kOffQ + slot * C::kQBytes, BM, sq.len_q - st.mb * BM);
+                    fa3_bwd_zero_rows<D>(smem + C::kOffDO + slot * C::kQBytes, BM, sq.len_q - st.mb * BM);
+                    hp_fence_proxy_async();
+                }
+            }
+            float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
+#pragma unroll
+            for (int r = lane; r < BM; r += 32) {
+                const int m = st.mb * BM + r;
+                const bool in = m < sq.len_q;
+                const int64_t li = in ? bwd_lse_index(a, w.cta.b, sq.tok_q, m, st.hq) : 0;
+                lse2[r] = in ? a.lse2[li] : INFINITY;
+                dsum[r] = in ? a.dsum[li] : 0.f;
+            }
+            hp_mbar_arrive(bars + C::kBarFull + 8 * slot);
+        }
+    } else if (a.deterministic && warp >= 2) {
+        fa3_bwd_turn_keeper<BM, BN>(args, w.sq, w.cta.b, w.cta.nb, w.nsteps, w.nmb, w.blk.lo, w.hq0, warp - 2);
+    }
+}
+#endif /* FA_SM90A */
+
 template <int D, int BM, typename T, bool SOFTCAP>
 __global__ void __launch_bounds__(384, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -495,79 +613,19 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t s_ds = base + C::kOffDS, bars = base + C::kOffBar;
     float *rows = (float *)(smem + C::kOffRows);
 
-    const bool det = a.deterministic;
-    const fa3_bwd_cta cta = fa3_bwd_cta_get(args);
-    const int nb = cta.nb, hk = cta.hk, b = cta.b;
-    const bwd_seq sq = bwd_seq_get(a, b);
-    const int n0 = nb * BN;
-    const fa3_bwd_blocks blk = fa3_bwd_blocks_get<BM, BN>(n0, sq.len_q, sq.len_k, a.window_left, a.window_right);
-    /* (varlen: the grid covers the longest sequence; a key block past this one's keys has nothing to do) */
-    const int nmb = blk.hi - blk.lo, nsteps = n0 < sq.len_k ? nmb * a.group : 0, hq0 = hk * a.group;
-    /* TMA coordinates: varlen rows are packed tokens of a batch extent 1 */
-    const bool varlen = a.cu_seqlens_q != nullptr;
-    const int bq = varlen ? 0 : b, row_q = varlen ? (int)sq.tok_q : 0, row_k = varlen ? (int)sq.tok_k : 0;
+    const fa3_bwd_work w = fa3_bwd_work_get<BM, BN>(args);
+    const int hk = w.cta.hk, b = w.cta.b;
+    const bwd_seq &sq = w.sq;
+    const fa3_bwd_blocks &blk = w.blk;
+    const int n0 = w.n0, nmb = w.nmb, nsteps = w.nsteps, hq0 = w.hq0;
 
-    if (threadIdx.x == 0) C::init_barriers(bars, varlen);
+    if (threadIdx.x == 0) C::init_barriers(bars, w.varlen);
     __syncthreads();
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
-        const int warp = threadIdx.x / 32;
-        if (threadIdx.x == 0 && nsteps > 0) {
-            hp_prefetch_tensor_map(&tm_q);
-            hp_prefetch_tensor_map(&tm_do);
-            const uint32_t bar_kv = bars + (varlen ? C::kBarKVLanded : C::kBarKV);
-            const uint32_t bar_full = bars + (varlen ? C::kBarLanded : C::kBarFull);
-            hp_mbar_arrive_expect_tx(bar_kv, 2 * C::kKVBytes);
-            hp_tma_load_5d(s_k, &tm_k, bar_kv, 0, row_k + n0, 0, hk, bq);
-            hp_tma_load_5d(s_v, &tm_v, bar_kv, 0, row_k + n0, 0, hk, bq);
-            for (int t = 0; t < nsteps; ++t) {
-                const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, blk.lo, hq0);
-                const int slot = fa3_pipe<STAGES>::stage(t);
-                hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
-                hp_mbar_arrive_expect_tx(bar_full + 8 * slot, 2 * C::kQBytes);
-                hp_tma_load_5d(s_q + slot * C::kQBytes, &tm_q, bar_full + 8 * slot, 0, row_q + st.mb * BM, 0, st.hq,
-                               bq);
-                hp_tma_load_5d(s_do + slot * C::kQBytes, &tm_do, bar_full + 8 * slot, 0, row_q + st.mb * BM, 0, st.hq,
-                               bq);
-            }
-        } else if (warp == 1) {
-            if (varlen && nsteps > 0) { /* K and V: the rows past the sequence zeroed, then released */
-                hp_mbar_wait(bars + C::kBarKVLanded, 0);
-                if (sq.len_k - n0 < BN) {
-                    fa3_bwd_zero_rows<D>(smem + C::kOffK, BN, sq.len_k - n0);
-                    fa3_bwd_zero_rows<D>(smem + C::kOffV, BN, sq.len_k - n0);
-                    hp_fence_proxy_async();
-                }
-                hp_mbar_arrive(bars + C::kBarKV);
-            }
-            for (int t = 0; t < nsteps; ++t) {
-                const fa3_bwd_step st = fa3_bwd_step_get(t, nmb, blk.lo, hq0);
-                const int slot = fa3_pipe<STAGES>::stage(t);
-                hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
-                if (varlen) { /* Q and dO: likewise */
-                    hp_mbar_wait(bars + C::kBarLanded + 8 * slot, fa3_pipe<STAGES>::phase(t));
-                    if (sq.len_q - st.mb * BM < BM) {
-                        fa3_bwd_zero_rows<D>(smem + C::kOffQ + slot * C::kQBytes, BM, sq.len_q - st.mb * BM);
-                        fa3_bwd_zero_rows<D>(smem + C::kOffDO + slot * C::kQBytes, BM, sq.len_q - st.mb * BM);
-                        hp_fence_proxy_async();
-                    }
-                }
-                float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
-#pragma unroll
-                for (int r = lane; r < BM; r += 32) {
-                    const int m = st.mb * BM + r;
-                    const bool in = m < sq.len_q;
-                    const int64_t li = in ? bwd_lse_index(a, b, sq.tok_q, m, st.hq) : 0;
-                    lse2[r] = in ? a.lse2[li] : INFINITY;
-                    dsum[r] = in ? a.dsum[li] : 0.f;
-                }
-                hp_mbar_arrive(bars + C::kBarFull + 8 * slot);
-            }
-        } else if (det && warp >= 2) {
-            fa3_bwd_turn_keeper<BM, BN>(args, sq, b, nb, nsteps, nmb, blk.lo, hq0, warp - 2);
-        }
+        fa3_bwd_producer<C, D, BM>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
         return;
     }
 
@@ -671,12 +729,250 @@ __global__ void __launch_bounds__(384, 1)
 #endif /* FA_SM90A */
 }
 
-/* Launches the FA2 preprocess, this kernel and the FA2 convert for one head dim (dQaccum already zeroed). */
-template <int D, int BM, bool BF16, bool SOFTCAP>
-static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
-                                const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
-    typedef typename fa3_elem<BF16>::type T;
-    typedef fa3_bwd_cfg<D, BM> C;
+#if FA_SM90A
+/* ---- Head dim 256: the split-key kernel's consumer parts (fa3_bwd_wide_cfg) ----
+ * Warpgroup c: S and dP for keys 32 c.. of the block (rows = the 64 queries), P and dS into the exchanged tiles
+ * ([64 queries][64 keys], 128-byte swizzle); then dV^T and dK^T for head-dim rows 128 c.. (two m64 blocks, N =
+ * the 64 keys, K = the queries: dO^T / Q^T and P / dS both MN-major) and dQ for head-dim columns 128 c.. (two
+ * 64-column products, K = the keys: dS K-major, K MN-major). */
+
+/* S = Q K_c^T and dP = dO V_c^T for the warpgroup's 32 keys: D / 16 wgmma steps each, one commit group each. */
+template <int D, typename T>
+static __device__ __forceinline__ void fa3_bwd_wide_issue_sdp(float (&s)[16], float (&dp)[16], uint32_t s_q,
+                                                              uint32_t s_do, uint32_t s_k_half, uint32_t s_v_half) {
+    constexpr int BM = 64, BN = 64;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) hp_fence_reg(s[i]), hp_fence_reg(dp[i]);
+    hp_wgmma_fence();
+    const uint64_t dq = hp_desc_sw128(s_q, 16, 1024), dk = hp_desc_sw128(s_k_half, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        fa3_wgmma_ss<32, T>(s, hp_desc_add(dq, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4),
+                            hp_desc_add(dk, ((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), kk > 0);
+    hp_wgmma_commit();
+    const uint64_t ddo = hp_desc_sw128(s_do, 16, 1024), dv = hp_desc_sw128(s_v_half, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        fa3_wgmma_ss<32, T>(dp, hp_desc_add(ddo, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4),
+                            hp_desc_add(dv, ((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), kk > 0);
+    hp_wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) hp_fence_reg(s[i]), hp_fence_reg(dp[i]);
+}
+
+/* P = exp2(S scale log2(e) - LSE2) in place; element i is (query row0 + 8 ((i >> 1) & 1), key 8 (i >> 2) + col0 +
+ * (i & 1)). MASKED: pairs outside the window or keys past the sequence get P = 0 (rows past the sequence have
+ * LSE2 = +inf). dist0 = (key0 + col0) - (query row0 + off), key0 the warpgroup's first key. */
+template <bool MASKED>
+static __device__ __forceinline__ void fa3_bwd_wide_probs(float (&s)[16], const float (&lse2)[2], const fa3_bwd_frag &f,
+                                                          const fa2_bwd_args &a, int dist0, int keys_left) {
+    const int dlo = a.window_left >= 0 ? -a.window_left : INT_MIN, dhi = a.window_right >= 0 ? a.window_right : INT_MAX;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int h = (i >> 1) & 1, col = 8 * (i >> 2) + (i & 1);
+        float p = hp_exp2(s[i] * a.scale_log2 - lse2[h]);
+        if constexpr (MASKED) {
+            const int dist = dist0 + col - 8 * h;
+            if (!(f.col0 + col < keys_left && dist >= dlo && dist <= dhi)) p = 0.f;
+        }
+        s[i] = p;
+    }
+}
+
+/* The warpgroup's 16-bit pairs of a 64 x 32 fragment (pair i: elements 2i, 2i + 1) into the exchanged tile at
+ * key columns col_base.. (one 64-column slab: row = query, 128-byte swizzle). */
+static __device__ __forceinline__ void fa3_bwd_wide_store(const uint32_t (&v)[8], uint32_t tile, int col_base,
+                                                          const fa3_bwd_frag &f) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = f.row0 + 8 * (i & 1), col = col_base + 8 * (i >> 1) + f.col0;
+        const uint32_t addr = tile + r * 128 + (((col / 8) ^ (r % 8)) << 4) + 2 * (col % 8);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v[i]) : "memory");
+    }
+}
+
+/* dV^T += dO^T P and dK^T += Q^T dS for head-dim rows 128 c + 64 mi (mi = 0, 1): A = a 64-column slab of dO / Q
+ * (MN-major), B = P / dS (MN-major), K = the 64 queries; one commit group. */
+template <typename T>
+static __device__ __forceinline__ void fa3_bwd_wide_issue_dkdv(float (&dv)[2][32], float (&dk)[2][32], uint32_t s_q,
+                                                               uint32_t s_do, uint32_t s_p, uint32_t s_ds, int c) {
+    constexpr int BM = 64;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) hp_fence_reg(dv[mi][i]), hp_fence_reg(dk[mi][i]);
+    hp_wgmma_fence();
+    const uint64_t dp = hp_desc_sw128(s_p, BM * 128, 1024), dds = hp_desc_sw128(s_ds, BM * 128, 1024);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+        const uint32_t slab = (2 * c + mi) * BM * 128;
+        const uint64_t ddo = hp_desc_sw128(s_do + slab, BM * 128, 1024), dq = hp_desc_sw128(s_q + slab, BM * 128, 1024);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+            fa3_wgmma_ss_mn<64, T>(dv[mi], hp_desc_add(ddo, (kk * 2048) >> 4), hp_desc_add(dp, (kk * 2048) >> 4), 1);
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+            fa3_wgmma_ss_mn<64, T>(dk[mi], hp_desc_add(dq, (kk * 2048) >> 4), hp_desc_add(dds, (kk * 2048) >> 4), 1);
+    }
+    hp_wgmma_commit();
+}
+
+/* dQ for head-dim columns 128 c + 64 h (h = 0, 1) = dS K: A = dS (K-major), B = a 64-column slab of K (MN-major),
+ * K = the 64 keys; one commit group. */
+template <typename T>
+static __device__ __forceinline__ void fa3_bwd_wide_issue_dq(float (&dq)[2][32], uint32_t s_ds, uint32_t s_k, int c) {
+    constexpr int BN = 64;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) hp_fence_reg(dq[h][i]);
+    hp_wgmma_fence();
+    const uint64_t dds = hp_desc_sw128(s_ds, 16, 1024);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint64_t dk = hp_desc_sw128(s_k + (2 * c + h) * BN * 128, BN * 128, 1024);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            fa3_wgmma_ss_kmn<64, T>(dq[h], hp_desc_add(dds, (kk * 32) >> 4), hp_desc_add(dk, (kk * 2048) >> 4), kk > 0);
+    }
+    hp_wgmma_commit();
+}
+
+/* dK (times the softmax scale) and dV from the transposed accumulators: element i of block mi is head-dim row
+ * 128 c + 64 mi + row0 + 8 ((i >> 1) & 1), key 8 (i >> 2) + col0 + (i & 1); keys past the sequence not stored. */
+template <typename T>
+static __device__ __forceinline__ void fa3_bwd_wide_store_dkdv(const float (&dk)[2][32], const float (&dv)[2][32],
+                                                               const fa2_bwd_args &a, int b, int hk, int64_t tok_k,
+                                                               int keys_left, int c, const fa3_bwd_frag &f) {
+    T *gdk = (T *)a.dk.data + (int64_t)b * a.dk.stride_batch + tok_k * a.dk.stride_seq + (int64_t)hk * a.dk.stride_head;
+    T *gdv = (T *)a.dv.data + (int64_t)b * a.dv.stride_batch + tok_k * a.dv.stride_seq + (int64_t)hk * a.dv.stride_head;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const int d = 128 * c + 64 * mi + f.row0 + 8 * ((i >> 1) & 1), key = 8 * (i >> 2) + f.col0 + (i & 1);
+            if (key >= keys_left) continue;
+            gdk[key * a.dk.stride_seq + d] = fa_elem<T>::from_float(dk[mi][i] * a.scale);
+            gdv[key * a.dv.stride_seq + d] = fa_elem<T>::from_float(dv[mi][i]);
+        }
+}
+#endif /* FA_SM90A */
+
+/* The backward kernel for head dim 256 (fa3_bwd_wide_cfg): the same producer; each step both consumer
+ * warpgroups compute their halves of S and dP, exchange P and dS (double-buffered tiles, an mbarrier pair per
+ * buffer), then their halves of dV^T, dK^T and dQ. No softcap (it runs the FA2 backward). */
+template <int D, typename T>
+__global__ void __launch_bounds__(384, 1)
+    fa3_bwd_wide_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                        const __grid_constant__ fa3_bwd_args args) {
+#if FA_SM90A
+    typedef fa3_bwd_wide_cfg<D> C;
+    constexpr int BM = 64, BN = C::kBN, STAGES = C::kStages;
+    const fa2_bwd_args &a = args.b;
+
+    uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_smem + 1023) & ~(uintptr_t)1023);
+    const uint32_t base = hp_smem_addr(smem);
+    const uint32_t s_k = base + C::kOffK, s_v = base + C::kOffV, s_q = base + C::kOffQ, s_do = base + C::kOffDO;
+    const uint32_t s_x = base + C::kOffDS, bars = base + C::kOffBar;
+    const float *rows = (const float *)(smem + C::kOffRows);
+
+    const fa3_bwd_work w = fa3_bwd_work_get<BM, BN>(args);
+    if (threadIdx.x == 0) C::init_barriers(bars, w.varlen);
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+    if (wg == 0) {
+        hp_setmaxnreg_dec<C::kRegsProducer>();
+        fa3_bwd_producer<C, D, BM>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
+        return;
+    }
+
+    hp_setmaxnreg_inc<C::kRegsConsumer>();
+    const int c = wg - 1;
+    fa3_bwd_frag f;
+    f.row0 = 16 * ((threadIdx.x % 128) / 32) + lane / 4;
+    f.col0 = 2 * (lane % 4);
+    const bwd_seq &sq = w.sq;
+    const int keys_left = sq.len_k - w.n0 - 32 * c; /* the warpgroup's S columns inside the sequence */
+    const int off = sq.len_k - sq.len_q;
+
+    float dv[2][32], dk[2][32];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) dv[mi][i] = 0.f, dk[mi][i] = 0.f;
+
+    if (w.nsteps > 0) hp_mbar_wait(bars + C::kBarKV, 0);
+    for (int t = 0; t < w.nsteps; ++t) {
+        const fa3_bwd_step st = fa3_bwd_step_get(t, w.nmb, w.blk.lo, w.hq0);
+        const int slot = fa3_pipe<STAGES>::stage(t), m0 = st.mb * BM;
+        hp_mbar_wait(bars + C::kBarFull + 8 * slot, fa3_pipe<STAGES>::phase(t));
+        const uint32_t q_tile = s_q + slot * C::kQBytes, do_tile = s_do + slot * C::kQBytes;
+        const float *lse2_row = rows + slot * 2 * BM, *dsum_row = lse2_row + BM;
+
+        float s[16], dp[16];
+        fa3_bwd_wide_issue_sdp<D, T>(s, dp, q_tile, do_tile, s_k + 32 * c * 128, s_v + 32 * c * 128);
+        const float lse2[2] = { lse2_row[f.row0], lse2_row[f.row0 + 8] };
+        const float dsum[2] = { dsum_row[f.row0], dsum_row[f.row0 + 8] };
+        hp_wgmma_wait<1>();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) hp_fence_reg(s[i]);
+        const int dist0 = (w.n0 + 32 * c + f.col0) - (m0 + f.row0 + off);
+        if (st.mb >= w.blk.mask_lo && st.mb < w.blk.mask_hi)
+            fa3_bwd_wide_probs<false>(s, lse2, f, a, dist0, keys_left);
+        else
+            fa3_bwd_wide_probs<true>(s, lse2, f, a, dist0, keys_left);
+        hp_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            hp_fence_reg(dp[i]);
+            dp[i] = s[i] * (dp[i] - dsum[(i >> 1) & 1]);
+        }
+        uint32_t p16[8], ds16[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p16[i] = fa3_pack<T>(s[2 * i], s[2 * i + 1]), ds16[i] = fa3_pack<T>(dp[2 * i], dp[2 * i + 1]);
+
+        /* P and dS into buffer t % 2 once both warpgroups are done with step t - 2's */
+        const int buf = fa3_pipe<2>::stage(t);
+        const uint32_t s_p = s_x + buf * C::kDSBytes, s_ds = s_p + C::kPBytes;
+        hp_mbar_wait(bars + C::kBarDSFree + 8 * buf, fa3_pipe<2>::empty_phase(t));
+        fa3_bwd_wide_store(p16, s_p, 32 * c, f);
+        fa3_bwd_wide_store(ds16, s_ds, 32 * c, f);
+        hp_fence_proxy_async();
+        hp_mbar_arrive(bars + C::kBarDSReady + 8 * buf);
+        hp_mbar_wait(bars + C::kBarDSReady + 8 * buf, fa3_pipe<2>::phase(t));
+
+        float dq[2][32];
+        fa3_bwd_wide_issue_dkdv<T>(dv, dk, q_tile, do_tile, s_p, s_ds, c);
+        fa3_bwd_wide_issue_dq<T>(dq, s_ds, s_k, c);
+        hp_wgmma_wait<0>();
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) hp_fence_reg(dq[h][i]);
+        hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
+        hp_mbar_arrive(bars + C::kBarDSFree + 8 * buf);
+        if (a.deterministic) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            fa3_bwd_add_dq<D>(dq[h], a.dq_accum, sq.tok_q + m0, sq.len_q - m0, st.hq, a.heads_q, 128 * c + 64 * h, f);
+        if (a.deterministic) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
+    }
+    const bool packed = a.cu_seqlens_q != nullptr;
+    fa3_bwd_wide_store_dkdv<T>(dk, dv, a, packed ? 0 : w.cta.b, w.cta.hk, (packed ? sq.tok_k : 0) + w.n0,
+                               sq.len_k - w.n0, c, f);
+#endif /* FA_SM90A */
+}
+
+/* Launches the FA2 preprocess, a backward kernel (its shared memory: smem_bytes) and the FA2 convert for one head
+ * dim (dQaccum already zeroed). */
+template <int D, typename T>
+static fa_status fa3_bwd_launch_kernel(void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
+                                                      const CUtensorMap, const fa3_bwd_args),
+                                       int smem_bytes, const fa3_bwd_args *a, const CUtensorMap *tm_q,
+                                       const CUtensorMap *tm_k, const CUtensorMap *tm_v, const CUtensorMap *tm_do,
+                                       cudaStream_t stream) {
     const dim3 rows_grid((a->b.seqlen_q + 63) / 64, a->b.heads_q, a->b.batch);
     if (a->b.seqlen_q > 0) {
         fa2_bwd_preprocess_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a->b);
@@ -684,13 +980,11 @@ static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, 
         if (st != FA_OK) return st;
     }
     if (a->key_blocks > 0) {
-        void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_bwd_args) =
-            fa3_bwd_kernel<D, BM, T, SOFTCAP>;
         cudaError_t err =
-            cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+            cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
         if (err != cudaSuccess) return fa_cuda_status(err, "fa3 backward: setting the shared-memory size");
         const unsigned grid = (unsigned)a->key_blocks * (unsigned)(a->b.heads_kv * a->b.batch);
-        kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(*tm_q, *tm_k, *tm_v, *tm_do, *a);
+        kernel<<<grid, 384, smem_bytes, stream>>>(*tm_q, *tm_k, *tm_v, *tm_do, *a);
         fa_status st = fa_cuda_status(cudaGetLastError(), "fa3 backward launch");
         if (st != FA_OK) return st;
     }
@@ -701,8 +995,25 @@ static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, 
     return FA_OK;
 }
 
+template <int D, int BM, bool BF16, bool SOFTCAP>
+static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
+    typedef typename fa3_elem<BF16>::type T;
+    return fa3_bwd_launch_kernel<D, T>(fa3_bwd_kernel<D, BM, T, SOFTCAP>, fa3_bwd_cfg<D, BM>::kSmemBytes, a, tm_q, tm_k,
+                                       tm_v, tm_do, stream);
+}
+
+template <int D, bool BF16>
+static fa_status fa3_bwd_wide_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                     const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
+    typedef typename fa3_elem<BF16>::type T;
+    return fa3_bwd_launch_kernel<D, T>(fa3_bwd_wide_kernel<D, T>, fa3_bwd_wide_cfg<D>::kSmemBytes, a, tm_q, tm_k, tm_v,
+                                       tm_do, stream);
+}
+
 /* Per head dim launchers (fa3_bwd_hdim*.cu). */
 fa_status fa3_bwd_run_hdim64(const fa3_bwd_args *a, const CUtensorMap *maps, int bf16, cudaStream_t stream);
 fa_status fa3_bwd_run_hdim128(const fa3_bwd_args *a, const CUtensorMap *maps, int bf16, cudaStream_t stream);
+fa_status fa3_bwd_run_hdim256(const fa3_bwd_args *a, const CUtensorMap *maps, int bf16, cudaStream_t stream);
 
 #endif /* FLASHATTN_CUDA_FA3_BWD_CUH */

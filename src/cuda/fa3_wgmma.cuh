@@ -11,6 +11,7 @@
  *   K-major (as fa3_wgmma_ss's B).
  * fa3_wgmma_ss_mn<N, T>: D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B in shared memory, both MN-major (both
  *   transpose immediates set).
+ * fa3_wgmma_ss_kmn<N, T>: D[64 x N] (+)= A[64 x 16] * B[16 x N], A in shared memory K-major, B MN-major.
  * T is the 16-bit element type of A and B (__half or __nv_bfloat16).
  * D is the fp32 accumulator fragment: d[e + 2h + 4c] holds (row 16 * warp + lane / 4 + 8h, col 8c + 2 * (lane % 4) + e).
  */
@@ -35,7 +36,22 @@ __device__ __forceinline__ void fa3_wgmma_rs_kmajor(float (&d)[N / 2], uint32_t 
 template <int N, typename T>
 __device__ __forceinline__ void fa3_wgmma_ss_mn(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
 
+template <int N, typename T>
+__device__ __forceinline__ void fa3_wgmma_ss_kmn(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+template <> __device__ __forceinline__ void fa3_wgmma_ss<32, __half>(float (&d)[16], uint64_t desc_a,
+                                                              uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
 
 template <> __device__ __forceinline__ void fa3_wgmma_ss<64, __half>(float (&d)[32], uint64_t desc_a,
                                                               uint64_t desc_b, int accumulate) {
@@ -337,6 +353,33 @@ template <> __device__ __forceinline__ void fa3_wgmma_ss_mn<64, __half>(float (&
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+template <> __device__ __forceinline__ void fa3_wgmma_ss_kmn<64, __half>(float (&d)[32], uint64_t desc_a,
+                                                              uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+template <> __device__ __forceinline__ void fa3_wgmma_ss<32, __nv_bfloat16>(float (&d)[16], uint64_t desc_a,
+                                                              uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 template <> __device__ __forceinline__ void fa3_wgmma_ss<64, __nv_bfloat16>(float (&d)[32], uint64_t desc_a,
                                                               uint64_t desc_b, int accumulate) {
     asm volatile(
@@ -630,6 +673,21 @@ template <> __device__ __forceinline__ void fa3_wgmma_ss_mn<64, __nv_bfloat16>(f
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
         "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+template <> __device__ __forceinline__ void fa3_wgmma_ss_kmn<64, __nv_bfloat16>(float (&d)[32], uint64_t desc_a,
+                                                              uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),

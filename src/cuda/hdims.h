@@ -58,7 +58,7 @@
 /* The FA3 forward: those of 64, 128 and 256 that are compiled. */
 #define FA3_HDIMS(X) FA_HDIM_X64(X) FA_HDIM_X128(X) FA_HDIM_X256(X)
 /* The FA3 backward: those of 64 and 128 that are compiled. */
-#define FA3_BWD_HDIMS(X) FA_HDIM_X64(X) FA_HDIM_X128(X)
+#define FA3_BWD_HDIMS(X) FA_HDIM_X64(X) FA_HDIM_X128(X) FA_HDIM_X256(X)
 
 /* The lists as string literals for messages: " 32 64 96 128 192 256" (a leading space). */
 #define FA_HDIM_WORD_(D)  " " #D
