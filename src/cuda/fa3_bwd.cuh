@@ -413,15 +413,15 @@ static __device__ __forceinline__ void fa3_bwd_turn_keeper(const fa3_bwd_args &a
     }
 }
 
-/* fa3_bwd_add_dq for the step of query block m0 / BM and head hq, in its turn in deterministic mode. */
-template <int D>
+/* fa3_bwd_add_dq for the step of query block m0 / BM and head hq, in its turn in deterministic mode (DET). */
+template <int D, bool DET>
 static __device__ __forceinline__ void fa3_bwd_add_dq_ordered(const float (&dq)[32], const fa3_bwd_args &args,
                                                               const bwd_seq &sq, int m0, int hq, int dq_row0,
                                                               int dq_col0, int c, const fa3_bwd_frag &f) {
     const fa2_bwd_args &a = args.b;
-    if (a.deterministic) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
+    if constexpr (DET) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
     fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + m0 + dq_row0, sq.len_q - m0 - dq_row0, hq, a.heads_q, dq_col0, f);
-    if (a.deterministic) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
+    if constexpr (DET) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
 }
 
 /* dK (times the softmax scale) and dV of the warpgroup's key rows from registers. */
@@ -530,7 +530,7 @@ static __device__ __forceinline__ fa3_bwd_work fa3_bwd_work_get(const fa3_bwd_ar
 /* The producer warpgroup (on C::kRegsProducer registers): thread 0 issues the TMA loads, K and V once, then Q and
  * dO per step into the ring; warp 1 writes each step's row values (and, in a varlen batch, first zeroes the rows
  * of the next sequence that a box reaches); in deterministic mode warps 2 and 3 keep the consumers' turns. */
-template <class C, int D, int BM>
+template <class C, int D, int BM, bool DET>
 static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                                         const CUtensorMap *tm_v, const CUtensorMap *tm_do,
                                                         const fa3_bwd_args &args, const fa3_bwd_work &w, uint8_t *smem,
@@ -591,13 +591,13 @@ static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q,
             }
             hp_mbar_arrive(bars + C::kBarFull + 8 * slot);
         }
-    } else if (a.deterministic && warp >= 2) {
+    } else if (DET && warp >= 2) {
         fa3_bwd_turn_keeper<BM, BN>(args, w.sq, w.cta.b, w.cta.nb, w.nsteps, w.nmb, w.blk.lo, w.hq0, warp - 2);
     }
 }
 #endif /* FA_SM90A */
 
-template <int D, int BM, typename T, bool SOFTCAP>
+template <int D, int BM, typename T, bool SOFTCAP, bool DET>
 __global__ void __launch_bounds__(384, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -625,7 +625,7 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
-        fa3_bwd_producer<C, D, BM>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
+        fa3_bwd_producer<C, D, BM, DET>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
         return;
     }
 
@@ -706,7 +706,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
             hp_mbar_arrive(bars + C::kBarDSFree + 8 * fa3_pipe<2>::stage(t - 1));
-            fa3_bwd_add_dq_ordered<D>(dq, args, sq, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
+            fa3_bwd_add_dq_ordered<D, DET>(dq, args, sq, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
         } else {
             hp_wgmma_wait<0>();
 #pragma unroll
@@ -722,7 +722,7 @@ __global__ void __launch_bounds__(384, 1)
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
-        fa3_bwd_add_dq_ordered<D>(dq, args, sq, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
+        fa3_bwd_add_dq_ordered<D, DET>(dq, args, sq, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
     }
     const bool packed = a.cu_seqlens_q != nullptr; /* (varlen, read again: no register held over the loop) */
     fa3_bwd_store_dkdv<D, T>(dk, dv, a, packed ? 0 : b, hk, packed ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
@@ -861,7 +861,7 @@ static __device__ __forceinline__ void fa3_bwd_wide_store_dkdv(const float (&dk)
 /* The backward kernel for head dim 256 (fa3_bwd_wide_cfg): the same producer; each step both consumer
  * warpgroups compute their halves of S and dP, exchange P and dS (double-buffered tiles, an mbarrier pair per
  * buffer), then their halves of dV^T, dK^T and dQ. No softcap (it runs the FA2 backward). */
-template <int D, typename T>
+template <int D, typename T, bool DET>
 __global__ void __launch_bounds__(384, 1)
     fa3_bwd_wide_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -884,7 +884,7 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
-        fa3_bwd_producer<C, D, BM>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
+        fa3_bwd_producer<C, D, BM, DET>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
         return;
     }
 
@@ -953,11 +953,11 @@ __global__ void __launch_bounds__(384, 1)
             for (int i = 0; i < 32; ++i) hp_fence_reg(dq[h][i]);
         hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
         hp_mbar_arrive(bars + C::kBarDSFree + 8 * buf);
-        if (a.deterministic) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
+        if constexpr (DET) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
             fa3_bwd_add_dq<D>(dq[h], a.dq_accum, sq.tok_q + m0, sq.len_q - m0, st.hq, a.heads_q, 128 * c + 64 * h, f);
-        if (a.deterministic) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
+        if constexpr (DET) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
     }
     const bool packed = a.cu_seqlens_q != nullptr;
     fa3_bwd_wide_store_dkdv<T>(dk, dv, a, packed ? 0 : w.cta.b, w.cta.hk, (packed ? sq.tok_k : 0) + w.n0,
@@ -995,20 +995,23 @@ static fa_status fa3_bwd_launch_kernel(void (*kernel)(const CUtensorMap, const C
     return FA_OK;
 }
 
+/* Deterministic mode is its own instance: its turn keeping, kept live in the default kernel's consumers, cost
+ * causal problems 8-13% (H200, d128 8k / 16k, Llama GQA 8k). */
 template <int D, int BM, bool BF16, bool SOFTCAP>
 static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                 const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
     typedef typename fa3_elem<BF16>::type T;
-    return fa3_bwd_launch_kernel<D, T>(fa3_bwd_kernel<D, BM, T, SOFTCAP>, fa3_bwd_cfg<D, BM>::kSmemBytes, a, tm_q, tm_k,
-                                       tm_v, tm_do, stream);
+    return fa3_bwd_launch_kernel<D, T>(a->b.deterministic ? fa3_bwd_kernel<D, BM, T, SOFTCAP, true>
+                                                          : fa3_bwd_kernel<D, BM, T, SOFTCAP, false>,
+                                       fa3_bwd_cfg<D, BM>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
 }
 
 template <int D, bool BF16>
 static fa_status fa3_bwd_wide_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                      const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
     typedef typename fa3_elem<BF16>::type T;
-    return fa3_bwd_launch_kernel<D, T>(fa3_bwd_wide_kernel<D, T>, fa3_bwd_wide_cfg<D>::kSmemBytes, a, tm_q, tm_k, tm_v,
-                                       tm_do, stream);
+    return fa3_bwd_launch_kernel<D, T>(a->b.deterministic ? fa3_bwd_wide_kernel<D, T, true> : fa3_bwd_wide_kernel<D, T, false>,
+                                       fa3_bwd_wide_cfg<D>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
 }
 
 /* Per head dim launchers (fa3_bwd_hdim*.cu). */
