@@ -507,7 +507,7 @@ struct fa3_bwd_work {
     bool varlen;
     int bq, row_q, row_k; /* TMA coordinates: varlen rows are packed tokens of a batch extent 1 */
 };
-template <int BM, int BN>
+template <int BM, int BN, bool VARLEN>
 static __device__ __forceinline__ fa3_bwd_work fa3_bwd_work_get(const fa3_bwd_args &args) {
     const fa2_bwd_args &a = args.b;
     fa3_bwd_work w;
@@ -519,7 +519,7 @@ static __device__ __forceinline__ fa3_bwd_work fa3_bwd_work_get(const fa3_bwd_ar
     w.nmb = w.blk.hi - w.blk.lo;
     w.nsteps = w.n0 < w.sq.len_k ? w.nmb * a.group : 0;
     w.hq0 = w.cta.hk * a.group;
-    w.varlen = a.cu_seqlens_q != nullptr;
+    w.varlen = VARLEN;
     w.bq = w.varlen ? 0 : w.cta.b;
     w.row_q = w.varlen ? (int)w.sq.tok_q : 0;
     w.row_k = w.varlen ? (int)w.sq.tok_k : 0;
@@ -530,7 +530,7 @@ static __device__ __forceinline__ fa3_bwd_work fa3_bwd_work_get(const fa3_bwd_ar
 /* The producer warpgroup (on C::kRegsProducer registers): thread 0 issues the TMA loads, K and V once, then Q and
  * dO per step into the ring; warp 1 writes each step's row values (and, in a varlen batch, first zeroes the rows
  * of the next sequence that a box reaches); in deterministic mode warps 2 and 3 keep the consumers' turns. */
-template <class C, int D, int BM, bool DET>
+template <class C, int D, int BM, bool DET, bool VARLEN>
 static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                                         const CUtensorMap *tm_v, const CUtensorMap *tm_do,
                                                         const fa3_bwd_args &args, const fa3_bwd_work &w, uint8_t *smem,
@@ -542,8 +542,8 @@ static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q,
     if (threadIdx.x == 0 && w.nsteps > 0) {
         hp_prefetch_tensor_map(tm_q);
         hp_prefetch_tensor_map(tm_do);
-        const uint32_t bar_kv = bars + (w.varlen ? C::kBarKVLanded : C::kBarKV);
-        const uint32_t bar_full = bars + (w.varlen ? C::kBarLanded : C::kBarFull);
+        const uint32_t bar_kv = bars + (VARLEN ? C::kBarKVLanded : C::kBarKV);
+        const uint32_t bar_full = bars + (VARLEN ? C::kBarLanded : C::kBarFull);
         hp_mbar_arrive_expect_tx(bar_kv, 2 * C::kKVBytes);
         hp_tma_load_5d(base + C::kOffK, tm_k, bar_kv, 0, w.row_k + w.n0, 0, w.cta.hk, w.bq);
         hp_tma_load_5d(base + C::kOffV, tm_v, bar_kv, 0, w.row_k + w.n0, 0, w.cta.hk, w.bq);
@@ -558,7 +558,7 @@ static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q,
         }
     } else if (warp == 1) {
         const bwd_seq &sq = w.sq;
-        if (w.varlen && w.nsteps > 0) { /* K and V: the rows past the sequence zeroed, then released */
+        if (VARLEN && w.nsteps > 0) { /* K and V: the rows past the sequence zeroed, then released */
             hp_mbar_wait(bars + C::kBarKVLanded, 0);
             if (sq.len_k - w.n0 < BN) {
                 fa3_bwd_zero_rows<D>(smem + C::kOffK, BN, sq.len_k - w.n0);
@@ -572,7 +572,7 @@ static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q,
             const fa3_bwd_step st = fa3_bwd_step_get(t, w.nmb, w.blk.lo, w.hq0);
             const int slot = fa3_pipe<STAGES>::stage(t);
             hp_mbar_wait(bars + C::kBarEmpty + 8 * slot, fa3_pipe<STAGES>::empty_phase(t));
-            if (w.varlen) { /* Q and dO: likewise */
+            if constexpr (VARLEN) { /* Q and dO: likewise */
                 hp_mbar_wait(bars + C::kBarLanded + 8 * slot, fa3_pipe<STAGES>::phase(t));
                 if (sq.len_q - st.mb * BM < BM) {
                     fa3_bwd_zero_rows<D>(smem + C::kOffQ + slot * C::kQBytes, BM, sq.len_q - st.mb * BM);
@@ -597,7 +597,7 @@ static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q,
 }
 #endif /* FA_SM90A */
 
-template <int D, int BM, typename T, bool SOFTCAP, bool DET>
+template <int D, int BM, typename T, bool SOFTCAP, bool DET, bool VARLEN>
 __global__ void __launch_bounds__(384, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -613,7 +613,7 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t s_ds = base + C::kOffDS, bars = base + C::kOffBar;
     float *rows = (float *)(smem + C::kOffRows);
 
-    const fa3_bwd_work w = fa3_bwd_work_get<BM, BN>(args);
+    const fa3_bwd_work w = fa3_bwd_work_get<BM, BN, VARLEN>(args);
     const int hk = w.cta.hk, b = w.cta.b;
     const bwd_seq &sq = w.sq;
     const fa3_bwd_blocks &blk = w.blk;
@@ -625,7 +625,7 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
-        fa3_bwd_producer<C, D, BM, DET>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
+        fa3_bwd_producer<C, D, BM, DET, VARLEN>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
         return;
     }
 
@@ -861,7 +861,7 @@ static __device__ __forceinline__ void fa3_bwd_wide_store_dkdv(const float (&dk)
 /* The backward kernel for head dim 256 (fa3_bwd_wide_cfg): the same producer; each step both consumer
  * warpgroups compute their halves of S and dP, exchange P and dS (double-buffered tiles, an mbarrier pair per
  * buffer), then their halves of dV^T, dK^T and dQ. No softcap (it runs the FA2 backward). */
-template <int D, typename T, bool DET>
+template <int D, typename T, bool DET, bool VARLEN>
 __global__ void __launch_bounds__(384, 1)
     fa3_bwd_wide_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -877,14 +877,14 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t s_x = base + C::kOffDS, bars = base + C::kOffBar;
     const float *rows = (const float *)(smem + C::kOffRows);
 
-    const fa3_bwd_work w = fa3_bwd_work_get<BM, BN>(args);
+    const fa3_bwd_work w = fa3_bwd_work_get<BM, BN, VARLEN>(args);
     if (threadIdx.x == 0) C::init_barriers(bars, w.varlen);
     __syncthreads();
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
-        fa3_bwd_producer<C, D, BM, DET>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
+        fa3_bwd_producer<C, D, BM, DET, VARLEN>(&tm_q, &tm_k, &tm_v, &tm_do, args, w, smem, base);
         return;
     }
 
@@ -1001,17 +1001,22 @@ template <int D, int BM, bool BF16, bool SOFTCAP>
 static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                 const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
     typedef typename fa3_elem<BF16>::type T;
-    return fa3_bwd_launch_kernel<D, T>(a->b.deterministic ? fa3_bwd_kernel<D, BM, T, SOFTCAP, true>
-                                                          : fa3_bwd_kernel<D, BM, T, SOFTCAP, false>,
-                                       fa3_bwd_cfg<D, BM>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
+    const bool det = a->b.deterministic, varlen = a->b.cu_seqlens_q != nullptr;
+    void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_bwd_args) =
+        det ? (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, true, true> : fa3_bwd_kernel<D, BM, T, SOFTCAP, true, false>)
+            : (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, false, true> : fa3_bwd_kernel<D, BM, T, SOFTCAP, false, false>);
+    return fa3_bwd_launch_kernel<D, T>(kernel, fa3_bwd_cfg<D, BM>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
 }
 
 template <int D, bool BF16>
 static fa_status fa3_bwd_wide_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                      const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
     typedef typename fa3_elem<BF16>::type T;
-    return fa3_bwd_launch_kernel<D, T>(a->b.deterministic ? fa3_bwd_wide_kernel<D, T, true> : fa3_bwd_wide_kernel<D, T, false>,
-                                       fa3_bwd_wide_cfg<D>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
+    const bool det = a->b.deterministic, varlen = a->b.cu_seqlens_q != nullptr;
+    void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_bwd_args) =
+        det ? (varlen ? fa3_bwd_wide_kernel<D, T, true, true> : fa3_bwd_wide_kernel<D, T, true, false>)
+            : (varlen ? fa3_bwd_wide_kernel<D, T, false, true> : fa3_bwd_wide_kernel<D, T, false, false>);
+    return fa3_bwd_launch_kernel<D, T>(kernel, fa3_bwd_wide_cfg<D>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
 }
 
 /* Per head dim launchers (fa3_bwd_hdim*.cu). */
