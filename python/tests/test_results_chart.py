@@ -22,7 +22,7 @@ import results_chart  # noqa: E402
 
 RUN = os.path.join(REPO_ROOT, "docs", "compare-h200-2026-11-27.json")
 CHART = os.path.join(REPO_ROOT, "docs", "results-h200-2026-11-27.svg")
-TREE = "206b935"  # the tree docs/results.md names for this run
+TREE = "1f50871"  # the tree docs/results.md names for this run
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
