@@ -256,7 +256,8 @@ static __device__ __forceinline__ void decode_load_tile(const decode_args &a, in
     static_assert(kGroups >= 1, "decode: a row per thread group");
     if (kThreads % kChunks && tid >= kGroups * kChunks) return; /* head dims 96, 192: a few threads idle */
     const T *k0 = (const T *)a.k_cache, *v0 = (const T *)a.v_cache;
-    const int r0 = tid / kChunks * kIters, c = tid % kChunks, j0 = n * KVTile::kRows + r0, first = pad + n * KVTile::kRows;
+    const int r0 = tid / kChunks * kIters, c = tid % kChunks, j0 = n * KVTile::kRows + r0,
+              first = pad + n * KVTile::kRows;
     /* row r0 + i of the tile exists (the last group of head dims 96, 192 reaches past the tile) */
     auto in_tile = [&](int i) { return kIters * kGroups == KVTile::kRows || r0 + i < KVTile::kRows; };
     auto copy = [&](int i, const T *ks, const T *vs) {

@@ -531,10 +531,9 @@ static __device__ __forceinline__ fa3_bwd_work fa3_bwd_work_get(const fa3_bwd_ar
  * dO per step into the ring; warp 1 writes each step's row values (and, in a varlen batch, first zeroes the rows
  * of the next sequence that a box reaches); in deterministic mode warps 2 and 3 keep the consumers' turns. */
 template <class C, int D, int BM, bool DET, bool VARLEN>
-static __device__ __forceinline__ void fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
-                                                        const CUtensorMap *tm_v, const CUtensorMap *tm_do,
-                                                        const fa3_bwd_args &args, const fa3_bwd_work &w, uint8_t *smem,
-                                                        uint32_t base) {
+static __device__ __forceinline__ void
+fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtensorMap *tm_v, const CUtensorMap *tm_do,
+                 const fa3_bwd_args &args, const fa3_bwd_work &w, uint8_t *smem, uint32_t base) {
     constexpr int BN = C::kBN, STAGES = C::kStages;
     const fa2_bwd_args &a = args.b;
     const uint32_t bars = base + C::kOffBar, s_q = base + C::kOffQ, s_do = base + C::kOffDO;
@@ -931,7 +930,8 @@ __global__ void __launch_bounds__(384, 1)
         }
         uint32_t p16[8], ds16[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) p16[i] = fa3_pack<T>(s[2 * i], s[2 * i + 1]), ds16[i] = fa3_pack<T>(dp[2 * i], dp[2 * i + 1]);
+        for (int i = 0; i < 8; ++i)
+            p16[i] = fa3_pack<T>(s[2 * i], s[2 * i + 1]), ds16[i] = fa3_pack<T>(dp[2 * i], dp[2 * i + 1]);
 
         /* P and dS into buffer t % 2 once both warpgroups are done with step t - 2's */
         const int buf = fa3_pipe<2>::stage(t);
@@ -1004,7 +1004,8 @@ static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, 
     const bool det = a->b.deterministic, varlen = a->b.cu_seqlens_q != nullptr;
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_bwd_args) =
         det ? (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, true, true> : fa3_bwd_kernel<D, BM, T, SOFTCAP, true, false>)
-            : (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, false, true> : fa3_bwd_kernel<D, BM, T, SOFTCAP, false, false>);
+            : (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, false, true>
+                      : fa3_bwd_kernel<D, BM, T, SOFTCAP, false, false>);
     return fa3_bwd_launch_kernel<D, T>(kernel, fa3_bwd_cfg<D, BM>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
 }
 
