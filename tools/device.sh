@@ -109,9 +109,9 @@ part_sanitize() {
     for d in 64 128 256; do
         matrix+=("--backend cuda --kernel fa3 --dtype bf16 --batch 2 --seqlen 150 --heads 2 --head-dim $d --causal --varlen")
     done
-    # the FA3 backward (head dims 64 and 128; dense, and varlen, whose boxes reach into the next sequence), and the
+    # the FA3 backward (head dims 64, 128, 256; dense, and varlen, whose boxes reach into the next sequence), and the
     # decode kernels (paged, append + rotary)
-    for d in 64 128; do
+    for d in 64 128 256; do
         matrix+=("--backend cuda --kernel fa3 --bwd $small --head-dim $d --window 40,7")
         matrix+=("--backend cuda --kernel fa3 --bwd --dtype bf16 --batch 3 --seqlen-q 150 --seqlen-k 170 --heads 4 \
 --heads-kv 2 --head-dim $d --varlen")
