@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * fa3_bwd.cuh - the FlashAttention-3 backward kernel for Hopper (sm_90a) and its launcher, included by the
- * per-head-dim instantiation files fa3_bwd_hdim*.cu.
+ * fa3_bwd.cuh - the FlashAttention-3 backward kernels for Hopper (sm_90a) and their launcher, included by the
+ * per-head-dim instantiation files fa3_bwd_hdim*.cu: fa3_bwd_kernel (head dims 64, 128; described here) and
+ * fa3_bwd_wide_kernel (head dim 256; described at its parts, below). Both take the producer below, and come in
+ * four instances per head dim and dtype: deterministic mode and varlen batches each on or off, so that the dense
+ * default kernel carries none of their code (in it, that code cost causal problems 8-13%).
  *
  * The pre- and post-pass are the FA2 backward's (fa2_bwd.cuh): preprocess writes D = rowsum(dO * O) and
  * LSE * log2(e) (+inf where a row sees no key), convert scales the fp32 dQ accumulator into dQ. Between them
@@ -33,11 +36,12 @@
  * each 1024-byte aligned; dS^T is [BM / 64 slabs][BN key rows][64 queries], double-buffered, with an mbarrier per
  * buffer for "both halves written" and one for "both dQ products done".
  *
- * Parts: fa3_bwd_cfg (tile shapes, shared-memory layout, barriers, register split), fa3_bwd_cta (the CTA's key
- * block and head), fa3_bwd_blocks (the query blocks that see a key block, and which need a mask), fa3_bwd_step
- * (the head and query block of a step), fa3_bwd_turn_keeper (deterministic mode's order); for
- * the consumers fa3_bwd_issue_sdp, fa3_bwd_probs, fa3_bwd_dscores, fa3_bwd_issue_dkdv, fa3_bwd_store_ds,
- * fa3_bwd_issue_dq, fa3_bwd_add_dq and fa3_bwd_store_dkdv.
+ * Parts: fa3_bwd_layout / fa3_bwd_cfg / fa3_bwd_wide_cfg (tile shapes, shared-memory layout, barriers, register
+ * split), fa3_bwd_cta and fa3_bwd_work (the CTA's key block, head and steps), fa3_bwd_blocks (the query blocks
+ * that see a key block, and which need a mask), fa3_bwd_step (the head and query block of a step),
+ * fa3_bwd_producer, fa3_bwd_turn_keeper (deterministic mode's order); for the consumers fa3_bwd_issue_sdp,
+ * fa3_bwd_probs, fa3_bwd_dscores, fa3_bwd_issue_dkdv, fa3_bwd_store_ds, fa3_bwd_issue_dq, fa3_bwd_add_dq and
+ * fa3_bwd_store_dkdv (fa3_bwd_wide_* for head dim 256).
  */
 #ifndef FLASHATTN_CUDA_FA3_BWD_CUH
 #define FLASHATTN_CUDA_FA3_BWD_CUH
