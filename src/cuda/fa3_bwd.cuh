@@ -508,7 +508,6 @@ struct fa3_bwd_work {
     bwd_seq sq;
     fa3_bwd_blocks blk;
     int n0, nmb, nsteps, hq0;
-    bool varlen;
     int bq, row_q, row_k; /* TMA coordinates: varlen rows are packed tokens of a batch extent 1 */
 };
 template <int BM, int BN, bool VARLEN>
@@ -523,10 +522,9 @@ static __device__ __forceinline__ fa3_bwd_work fa3_bwd_work_get(const fa3_bwd_ar
     w.nmb = w.blk.hi - w.blk.lo;
     w.nsteps = w.n0 < w.sq.len_k ? w.nmb * a.group : 0;
     w.hq0 = w.cta.hk * a.group;
-    w.varlen = VARLEN;
-    w.bq = w.varlen ? 0 : w.cta.b;
-    w.row_q = w.varlen ? (int)w.sq.tok_q : 0;
-    w.row_k = w.varlen ? (int)w.sq.tok_k : 0;
+    w.bq = VARLEN ? 0 : w.cta.b;
+    w.row_q = VARLEN ? (int)w.sq.tok_q : 0;
+    w.row_k = VARLEN ? (int)w.sq.tok_k : 0;
     return w;
 }
 
@@ -622,7 +620,7 @@ __global__ void __launch_bounds__(384, 1)
     const fa3_bwd_blocks &blk = w.blk;
     const int n0 = w.n0, nmb = w.nmb, nsteps = w.nsteps, hq0 = w.hq0;
 
-    if (threadIdx.x == 0) C::init_barriers(bars, w.varlen);
+    if (threadIdx.x == 0) C::init_barriers(bars, VARLEN);
     __syncthreads();
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
@@ -881,7 +879,7 @@ __global__ void __launch_bounds__(384, 1)
     const float *rows = (const float *)(smem + C::kOffRows);
 
     const fa3_bwd_work w = fa3_bwd_work_get<BM, BN, VARLEN>(args);
-    if (threadIdx.x == 0) C::init_barriers(bars, w.varlen);
+    if (threadIdx.x == 0) C::init_barriers(bars, VARLEN);
     __syncthreads();
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
