@@ -3,7 +3,7 @@
 """One harness that times flashattn and its peers the same way, in one process, round-robin.
 
 What it measures
-  Implementations (--impls, default ours,ours-direct,cudnn,flash):
+  Implementations (--impls, default ours,ours-direct,cudnn,flash,ours-bf16):
     ours         flashattn.flash_attn_func, what users call (the Python binding; backward through autograd)
     ours-direct  the library's fa_fwd / fa_bwd through ctypes with a parameter block prepared once per shape:
                  kernel time plus one ctypes call, the floor under `ours`
@@ -17,11 +17,13 @@ What it measures
                  --page-size rows (default 16) in a shuffled order, through a block table
     ours-append  decode set only (opt-in): flash_attn_with_kvcache appending the step's new keys and values
                  (rotary on q and the new keys over the whole head dim) into the cache's last rows first
+    ours-bf16    fp8 set only (in the defaults there): flash_attn_func on the bf16 inputs that `ours` quantized
+  The fp8 set runs ours, ours-bf16 and cudnn (SDPA on the float8 tensors, where it takes them) only.
   An implementation that raises on a shape (unsupported, out of memory) is recorded as missing there.
   Passes: fwd (inputs require grad, as in training, except the decode set), bwd (autograd backward of a
   forward stored once; ours-direct: fa_bwd on the forward's o and lse), fwdbwd (forward then backward).
 
-  Sets (--sets, default paper,decode,llama,overhead):
+  Sets (--sets, default paper,decode,llama,overhead,fp8):
     paper     the FlashAttention-2 paper's sweep: head_dim 64/128/256, causal or not, seqlen 512-16k,
               batch = 16384 / seqlen, heads = 2048 / head_dim; TFLOP/s by the paper's formula
               (fwd 4 s^2 d h b, halved when causal; bwd 2.5x; fwdbwd 3.5x)
@@ -31,6 +33,13 @@ What it measures
     overhead  host time per call on 1 x 128 x 1 x 64: 2000 calls by wall clock after 200 warm-up, forward
               without grad, forward with grad recording, forward + backward; bwd = (fwd + bwd) - fwd with grad.
               SDPA here is the default backend selection on its native (b, h, s, d) layout.
+    fp8       the FP8 forward: the paper's shapes (--head-dims, --seqlens, --causal apply) from 4k tokens,
+              `ours` on e4m3 q, k, v (flashattn.quantize_e4m3: one descale per batch entry and head) against
+              ours-bf16 on the same inputs in bf16, TFLOP/s; ceiling: the e4m3 GEMM 8192^3 (torch._scaled_mm) at
+              the start and the end. Then the accuracy table: RMSE of O against fp64 attention on
+              FlashAttention-3's outlier inputs (N(0, 1) + N(0, 100) * Bernoulli(0.001); b1 h2 s8192 d128) for
+              bf16 inputs and e4m3 with one descale per tensor, per (batch, head), per 64 rows, and per 64 rows
+              after the Hadamard rotation of q and k (flashattn.hadamard_rotate).
 
 The timer (the same for every implementation of a shape)
   CUDA events. --mode b2b (default): warm-up calls, then [L2 flush] start, N calls back to back, end;
@@ -85,8 +94,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import compare_core as core  # noqa: E402
 
-ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged", "ours-append")
-DEFAULT_IMPLS = ("ours", "ours-direct", "cudnn", "flash")
+ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged", "ours-append", "ours-bf16")
+DEFAULT_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "ours-bf16")
 
 # --device cpu: tiny shapes of the same sets, so the flow runs in seconds.
 CPU_SCALE = {"tokens": 512, "hidden": 128, "head_dims": (64,), "seqlens": (128, 256),
@@ -192,6 +201,15 @@ def build_cases(args):
             else:
                 got = core.llama_cases(passes=train_passes)
             got = core.quick_subset(got, 1) if args.quick else got
+        elif s == "fp8":
+            if cpu:
+                got = core.fp8_cases(args.head_dims or CPU_SCALE["head_dims"], args.seqlens or CPU_SCALE["seqlens"],
+                                     causals, args.paper_tokens or CPU_SCALE["tokens"],
+                                     args.paper_hidden or CPU_SCALE["hidden"])
+            else:
+                got = core.fp8_cases(args.head_dims or core.FP8_HEAD_DIMS, args.seqlens or core.FP8_SEQLENS,
+                                     causals, args.paper_tokens or 16384, args.paper_hidden or 2048)
+            got = core.quick_subset(got, 2) if args.quick else got
         else:
             got = [core.overhead_case()]
         cases += [c for c in got if c.passes]
@@ -218,6 +236,8 @@ def summary_from_json(path):
     for line in core.summary_lines(data["records"], data.get("meta", {}).get("options", {}).get("impls"),
                                    data.get("ceilings")):
         print(line)
+    for line in core.fp8_accuracy_lines(data.get("fp8_accuracy")):
+        print(line)
 
 
 def header_lines(data):
@@ -232,6 +252,10 @@ def header_lines(data):
         c = ceil.get(when)
         if c:
             parts = ["GEMM %s %d^3 %s TFLOP/s" % (c["gemm_dtype"], c["gemm_n"], core.fmt_value(c["gemm_tflops"]))]
+            if "gemm_e4m3_tflops" in c:
+                parts.append("GEMM e4m3 %s TFLOP/s" % core.fmt_value(c["gemm_e4m3_tflops"]))
+            elif "gemm_e4m3_error" in c:
+                parts.append("GEMM e4m3 missing (%s)" % c["gemm_e4m3_error"])
             if "copy_tbps" in c:
                 parts.append("copy %s TB/s (read + write of %d MiB)" % (core.fmt_value(c["copy_tbps"]),
                                                                        c["copy_bytes"] >> 20))
@@ -458,6 +482,7 @@ class Runner:
         self.timer = Timer(torch, self.device, args.mode, args.l2)
         self.timer.set_preheat(args.preheat_ms)
         self.records, self.missing, self.ceilings = [], [], {}
+        self.fp8_accuracy = None
         self.csv_file = None
         self.t_start = time.perf_counter()
         self.meta = self.metadata()
@@ -486,6 +511,8 @@ class Runner:
             return
         data = {"meta": self.meta, "ceilings": self.ceilings, "records": self.records,
                 "ratios": core.ratio_entries(self.records), "missing": self.missing}
+        if self.fp8_accuracy:
+            data["fp8_accuracy"] = self.fp8_accuracy
         tmp = self.args.json + ".tmp"
         with open(tmp, "w") as f:
             json.dump(data, f, indent=1)
@@ -526,6 +553,18 @@ class Runner:
         res = {"gemm_n": n, "gemm_dtype": "bf16" if cuda else "fp32", "gemm_tflops": 2.0 * n ** 3 / ms / 1e9,
                "gemm_ms": ms}
         del a, b, c
+        e4m3 = getattr(torch, "float8_e4m3fn", None)
+        if cuda and "fp8" in self.args.sets and e4m3 is not None:
+            try:
+                a8 = torch.randn(n, n, device=self.device).to(e4m3)
+                b8 = torch.randn(n, n, device=self.device).to(e4m3).t()  # column-major, as _scaled_mm wants it
+                one = torch.ones((), device=self.device)
+                ms8 = self.time_auto(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one,
+                                                              out_dtype=torch.bfloat16))
+                res.update(gemm_e4m3_tflops=2.0 * n ** 3 / ms8 / 1e9, gemm_e4m3_ms=ms8)
+                del a8, b8
+            except Exception as e:  # noqa: BLE001 - a PyTorch without _scaled_mm: the ceiling is missing
+                res.update(gemm_e4m3_error=("%s: %s" % (type(e).__name__, e)).splitlines()[0][:200])
         if when == "start":
             nbytes = (1 << 30) if cuda else (64 << 20)
             src = torch.empty(nbytes, dtype=torch.uint8, device=self.device).fill_(1)
@@ -623,9 +662,24 @@ class Runner:
                                                            causal=case.causal),
                     keep=(kp, vp, table, lens))
 
+    def fp8_impl(self, impl, case, q, k, v):
+        """The fp8 set: ours on e4m3 q, k, v quantized from the bf16 ones (one descale per batch entry and head),
+        ours-bf16 on the bf16 ones, cudnn (SDPA) on the e4m3 ones."""
+        fa = self.fa
+        if impl == "ours-bf16":
+            return Impl(lambda: fa.flash_attn_func(q, k, v, causal=case.causal))
+        (q8, dq), (k8, dk), (v8, dv) = (fa.quantize_e4m3(t) for t in (q, k, v))
+        if impl == "ours":
+            return Impl(lambda: fa.flash_attn_func(q8, k8, v8, causal=case.causal, q_descale=dq, k_descale=dk,
+                                                   v_descale=dv), keep=(q8, k8, v8, dq, dk, dv))
+        fwd, ctx = self.sdpa_fwd("CUDNN_ATTENTION", q8, k8, v8, case.causal)
+        return Impl(fwd, ctx, keep=(q8, k8, v8))
+
     def make_impl(self, impl, case, pass_, q, k, v, g):
         """The Impl timing `impl` on `pass_`; raises when the implementation cannot run the case."""
         torch = self.torch
+        if case.set == "fp8":
+            return self.fp8_impl(impl, case, q, k, v)
         if impl == "ours-paged":
             return self.paged_impl(case, q, k, v)
         if impl == "ours-append":
@@ -674,7 +728,7 @@ class Runner:
     def run_case(self, case):
         if case.set == "overhead":
             return self.run_overhead(case)
-        grad = case.set != "decode"  # decode is inference
+        grad = case.set not in ("decode", "fp8")  # inference
         q, k, v, g = self.tensors(case, grad)
         rounds = self.args.rounds
         for pass_ in case.passes:
@@ -778,6 +832,60 @@ class Runner:
         del items, direct
         self.free()
 
+    # ---- the fp8 set's accuracy table ----
+
+    def run_fp8_accuracy(self):
+        """RMSE of O against fp64 attention on the unquantized inputs, FlashAttention-3's outlier distribution."""
+        torch, fa = self.torch, self.fa
+        cpu = self.device == "cpu"
+        b, s, h, d = (1, 256, 2, 64) if cpu else (1, 8192, 2, 128)
+        gen = torch.Generator(device="cpu").manual_seed(0)
+
+        def outliers():
+            x = torch.randn(b, s, h, d, generator=gen, dtype=torch.float64)
+            spikes = torch.rand(b, s, h, d, generator=gen, dtype=torch.float64) < 1e-3
+            return (x + spikes * torch.randn(b, s, h, d, generator=gen, dtype=torch.float64) * 10.0).to(self.device)
+
+        q, k, v = outliers(), outliers(), outliers()
+        ref = torch.empty_like(q)
+        for i in range(h):  # fp64 attention, one head at a time
+            sc = (q[:, :, i] @ k[:, :, i].transpose(-1, -2)) / d ** 0.5
+            ref[:, :, i] = torch.softmax(sc, dim=-1) @ v[:, :, i]
+        f32 = [t.float() for t in (q, k, v)]
+        e4m3 = getattr(torch, "float8_e4m3fn", None)
+
+        def per_tensor(x):
+            descale = (x.abs().amax() / 448.0).clamp_min(1e-30)
+            return (x / descale).to(e4m3), descale.expand(b, h).contiguous()
+
+        def run_e4m3(ins, block):
+            (q8, dq), (k8, dk), (v8, dv) = ins
+            return fa.flash_attn_func(q8, k8, v8, q_descale=dq, k_descale=dk, v_descale=dv, descale_block=block)
+
+        variants = [
+            ("bf16 inputs", lambda: fa.flash_attn_func(*(t.to(torch.bfloat16) for t in f32))),
+            ("e4m3, one descale per tensor", lambda: run_e4m3([per_tensor(t) for t in f32], 0)),
+            ("e4m3, per (batch, head)", lambda: run_e4m3([fa.quantize_e4m3(t) for t in f32], 0)),
+            ("e4m3, per 64 rows", lambda: run_e4m3([fa.quantize_e4m3(t, 64) for t in f32], 64)),
+            ("e4m3, per 64 rows + Hadamard q, k", lambda: run_e4m3(
+                [fa.quantize_e4m3(fa.hadamard_rotate(f32[0], 7), 64), fa.quantize_e4m3(fa.hadamard_rotate(f32[1], 7), 64),
+                 fa.quantize_e4m3(f32[2], 64)], 64)),
+        ]
+        rows = []
+        for name, fn in variants:
+            try:
+                o = fn()
+                rows.append({"variant": name, "rmse": float(((o.double() - ref) ** 2).mean().sqrt())})
+            except Exception as e:  # noqa: BLE001 - e.g. no e4m3 kernel on this backend: recorded, not fatal
+                rows.append({"variant": name, "rmse": None,
+                             "error": ("%s: %s" % (type(e).__name__, e)).splitlines()[0][:200]})
+        self.fp8_accuracy = {"inputs": "b%d h%d s%d d%d, N(0, 1) + N(0, 100) * Bernoulli(0.001), seed 0" % (b, h, s, d),
+                             "rows": rows}
+        for line in core.fp8_accuracy_lines(self.fp8_accuracy):
+            print(line, flush=True)
+        del q, k, v, ref, f32
+        self.free()
+
     # ---- the whole run ----
 
     def run(self, cases):
@@ -797,6 +905,8 @@ class Runner:
             spent = time.perf_counter() - t0
             eta = spent / est_done * (est_total - est_done) if est_done else 0.0
             self.log("%d/%d shapes (%s %s), ETA %.0f s" % (i + 1, len(cases), case.set, case.label, eta))
+        if "fp8" in self.args.sets:
+            self.run_fp8_accuracy()
         self.measure_ceilings("end")
         self.meta["elapsed_s"] = round(time.perf_counter() - self.t_start, 1)
         self.write_json()
@@ -807,6 +917,8 @@ class Runner:
         for line in header_lines({"meta": self.meta, "ceilings": self.ceilings}):
             print(line)
         for line in core.summary_lines(self.records, self.args.impls, self.ceilings):
+            print(line)
+        for line in core.fp8_accuracy_lines(self.fp8_accuracy):
             print(line)
         sys.stdout.flush()
 

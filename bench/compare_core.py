@@ -22,20 +22,25 @@ RATIO_PAIRS = {
     "decode": (("ours", "cudnn"), ("ours", "flash"), ("ours-paged", "ours"), ("ours-append", "ours")),
     "llama": (("ours", "cudnn"), ("ours", "flash")),
     "overhead": (("ours", "sdpa"),),
+    "fp8": (("ours", "ours-bf16"), ("ours", "cudnn")),
 }
 
 # Implementations timed on one set only.
-SET_ONLY_IMPLS = {"ours-paged": "decode", "ours-append": "decode"}
+SET_ONLY_IMPLS = {"ours-paged": "decode", "ours-append": "decode", "ours-bf16": "fp8"}
+
+# Sets that run only these implementations (the fp8 set: ours on e4m3 inputs, ours on the bf16 inputs they were
+# quantized from, and cuDNN where SDPA takes float8 tensors).
+SET_IMPLS = {"fp8": ("ours", "ours-bf16", "cudnn")}
 
 
 def impl_runs_on(impl, set_name):
-    return SET_ONLY_IMPLS.get(impl, set_name) == set_name
+    return SET_ONLY_IMPLS.get(impl, set_name) == set_name and impl in SET_IMPLS.get(set_name, (impl,))
 
 
 # A ratio against this peer whose median is below 1.0 gets a trailing "<" in the table.
 MARKED_PEERS = ("cudnn",)
 
-SET_NAMES = ("paper", "decode", "llama", "overhead")
+SET_NAMES = ("paper", "decode", "llama", "overhead", "fp8")
 PASSES = ("fwd", "bwd", "fwdbwd")
 
 
@@ -121,6 +126,17 @@ def llama_cases(shapes=LLAMA_SHAPES, passes=PASSES, heads_q=32, heads_kv=8, head
     """Llama-3-8B's attention: 32 query heads, 8 KV heads, head_dim 128, causal."""
     return [Case("llama", f"b{b} s{s}", b, s, s, heads_q, heads_kv, head_dim, True, passes, "TFLOP/s")
             for b, s in shapes]
+
+
+FP8_HEAD_DIMS = (64, 128, 256)
+FP8_SEQLENS = (4096, 8192, 16384)
+
+
+def fp8_cases(head_dims=FP8_HEAD_DIMS, seqlens=FP8_SEQLENS, causals=(False,), tokens=16384, hidden=2048):
+    """The FP8 forward on the paper's shapes from 4k tokens: e4m3 q, k, v with one descale per (batch, head),
+    against our bf16 forward on the inputs they were quantized from; TFLOP/s by the paper's formula."""
+    return [Case("fp8", c.label, c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.causal,
+                 ("fwd",), "TFLOP/s") for c in paper_cases(head_dims, seqlens, causals, ("fwd",), tokens, hidden)]
 
 
 # The overhead set's problem (batch, seqlen, heads, head_dim): so small that host time dominates.
@@ -288,6 +304,10 @@ def summary_lines(records, impls=None, ceilings=None):
         if set_name == "decode" and copy:
             lines.append("   (TB/s of K and V read; the device-to-device copy of this run: %s TB/s read + write)"
                          % fmt_value(copy))
+        e4m3 = ((ceilings or {}).get("start") or {}).get("gemm_e4m3_tflops")
+        if set_name == "fp8" and e4m3:
+            lines.append("   (ours: e4m3 q, k, v, bf16 o; the e4m3 GEMM 8192^3 of this run: %s TFLOP/s; ours/ceiling per "
+                         "shape after the table)" % fmt_value(e4m3))
         shape_w = max([len("shape")] + [len(r["shape"]) for r in recs])
         head = "%-*s %-8s" % (shape_w, "shape", "pass") + "".join(" %11s" % c[:11] for c in cols)
         head += "".join(" %-19s" % f"{n}/{d}" for n, d in pairs)
@@ -316,6 +336,22 @@ def summary_lines(records, impls=None, ceilings=None):
                     parts.append("%s/%s %.3f (%d shapes)" % (n, d, g, len(meds)))
             if parts:
                 lines.append("geomean %s %s: %s" % (set_name, pass_, "; ".join(parts)))
+        if set_name == "fp8" and e4m3:
+            parts = ["%s %.2f" % (r["shape"], r["median"] / e4m3) for r in recs
+                     if r["impl"] == "ours" and r["median"] is not None]
+            if parts:
+                lines.append("ours / e4m3 GEMM ceiling: " + ", ".join(parts))
+    return lines
+
+
+def fp8_accuracy_lines(acc):
+    """The FP8 accuracy table of compare.py's fp8 set: RMSE of O against fp64 attention per input variant."""
+    if not acc:
+        return []
+    lines = ["", "== fp8 accuracy (RMSE of O against fp64 attention on the unquantized inputs; %s)" % acc["inputs"]]
+    for row in acc["rows"]:
+        lines.append("  %-34s %s" % (row["variant"], "-" if row["rmse"] is None else "%.2e" % row["rmse"])
+                     + ("   (%s)" % row["error"] if row.get("error") else ""))
     return lines
 
 
@@ -347,7 +383,7 @@ H100_MODEL = {
     "tflops": {"fwd": 300.0, "bwd": 200.0, "fwdbwd": 220.0},
     "decode_tbps": 2.0,
     "slowdown": {"ours": 1.0, "ours-direct": 1.0, "cudnn": 1.0, "flash": 2.0, "efficient": 3.0, "flex": 2.0,
-                 "ours-paged": 1.2, "ours-append": 1.1},
+                 "ours-paged": 1.2, "ours-append": 1.1, "ours-bf16": 1.0},
     "probe_s": {"cudnn": 0.3, "flex": 20.0, "other": 0.05},  # first call on a shape: plans, compilation
     "block_overhead_ms": 0.5,  # L2 flush, events, synchronisation per timed block
     "setup_s": 0.3,          # tensor allocation, random fill and release per shape

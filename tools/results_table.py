@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import compare_core as core  # noqa: E402
 
 IMPL_NAMES = {"ours": "flashattn", "ours-direct": "flashattn (library call)", "cudnn": "cuDNN", "flash": "FA2 (SDPA)",
-              "efficient": "SDPA efficient", "flex": "FlexAttention", "sdpa": "SDPA"}
+              "efficient": "SDPA efficient", "flex": "FlexAttention", "sdpa": "SDPA", "ours-bf16": "flashattn bf16"}
 
 
 def fmt(x):
@@ -61,7 +61,7 @@ def tables(data, tree=None):
         srecs = [r for r in recs if r["set"] == set_name]
         if not srecs:
             continue
-        impls = [i for i in ("ours", "ours-direct", "cudnn", "flash", "sdpa", "efficient", "flex")
+        impls = [i for i in ("ours", "ours-direct", "ours-bf16", "cudnn", "flash", "sdpa", "efficient", "flex")
                  if any(r["impl"] == i for r in srecs)]
         pairs = [p for p in core.RATIO_PAIRS.get(set_name, ()) if p[1] in impls]
         unit = srecs[0]["unit"]
@@ -92,6 +92,15 @@ def tables(data, tree=None):
             out.append("")
             out.append("Geometric means of the ratios over the set's %d shapes: %s." % (
                 len({s for s, _ in seen}), "; ".join(means)))
+        out.append("")
+    acc = data.get("fp8_accuracy")
+    if acc:
+        out.append("fp8 accuracy (RMSE of O against fp64 attention on the unquantized inputs; %s)" % acc["inputs"])
+        out.append("")
+        out.append("| inputs | RMSE |")
+        out.append("|---|---|")
+        for row in acc["rows"]:
+            out.append("| %s | %s |" % (row["variant"], "-" if row["rmse"] is None else "%.2e" % row["rmse"]))
         out.append("")
     return "\n".join(out)
 

@@ -168,7 +168,7 @@ def test_default_plan_fits_eight_minutes_on_the_model():
     cases = compare.build_cases(args)
     total, per_set = core.estimate_seconds(cases, args.impls, args.rounds, args.block_ms,
                                            overhead_calls=args.overhead_calls + args.overhead_warmup)
-    assert set(per_set) == {"paper", "decode", "llama", "overhead"}
+    assert set(per_set) == {"paper", "decode", "llama", "overhead", "fp8"}
     assert 60 < total < 8 * 60
     # the estimate grows with the rounds and the block length
     more, _ = core.estimate_seconds(cases, args.impls, 5, args.block_ms)
@@ -180,11 +180,38 @@ def test_default_plan_fits_eight_minutes_on_the_model():
 
 def test_default_cases_and_options():
     args = compare.parse_args([])
-    assert args.impls == ["ours", "ours-direct", "cudnn", "flash"] and args.rounds == 3
+    assert args.impls == ["ours", "ours-direct", "cudnn", "flash", "ours-bf16"] and args.rounds == 3
     assert (args.mode, args.l2, args.block_ms, args.dtype) == ("b2b", "flush", 30.0, "bf16")
     assert (args.overhead_calls, args.overhead_warmup) == (2000, 200)
     cases = compare.build_cases(args)
-    assert [sum(c.set == s for c in cases) for s in core.SET_NAMES] == [36, 5, 3, 1]
+    assert [sum(c.set == s for c in cases) for s in core.SET_NAMES] == [36, 5, 3, 1, 18]
+
+
+def test_fp8_set_shapes_and_implementations():
+    cases = compare.build_cases(compare.parse_args(["--sets", "fp8", "--causal", "no"]))
+    assert [(c.head_dim, c.seqlen_q, c.batch, c.heads_q) for c in cases[:3]] == \
+        [(64, 4096, 4, 32), (64, 8192, 2, 32), (64, 16384, 1, 32)]
+    assert {c.head_dim for c in cases} == {64, 128, 256} and all(c.passes == ("fwd",) for c in cases)
+    # the fp8 set times ours (e4m3), ours-bf16 and cuDNN only; ours-bf16 runs nowhere else
+    on_fp8 = [i for i in compare.ALL_IMPLS if core.impl_runs_on(i, "fp8")]
+    assert on_fp8 == ["ours", "cudnn", "ours-bf16"]
+    assert not any(core.impl_runs_on("ours-bf16", s) for s in ("paper", "decode", "llama"))
+    assert core.impl_runs_on("ours-direct", "paper") and not core.impl_runs_on("ours-direct", "fp8")
+
+
+def test_summary_fp8_against_the_e4m3_ceiling():
+    case = core.fp8_cases((128,), (16384,))[0]
+    recs = [core.make_record(case, "fwd", "ours", [1.0, 1.1, 0.9], 1),
+            core.make_record(case, "fwd", "ours-bf16", [1.8, 1.8, 1.9], 2)]
+    flops_ours = case.flops("fwd") / 1.0 / 1e9  # TFLOP/s of the median round
+    lines = core.summary_lines(recs, None, {"start": {"gemm_e4m3_tflops": flops_ours / 0.8}})
+    assert any("e4m3 GEMM 8192^3 of this run" in x for x in lines)
+    assert lines[-1] == "ours / e4m3 GEMM ceiling: d128 full 16384 0.80"
+    assert any(x.startswith("geomean fp8 fwd: ours/ours-bf16 1.80") for x in lines)
+    acc = {"inputs": "b1", "rows": [{"variant": "bf16 inputs", "rmse": 1.5e-3},
+                                    {"variant": "e4m3", "rmse": None, "error": "no kernel"}]}
+    out = core.fp8_accuracy_lines(acc)
+    assert "1.50e-03" in out[2] and out[3].endswith("(no kernel)") and core.fp8_accuracy_lines(None) == []
 
 
 def test_rounds_below_three_need_quick():
@@ -246,7 +273,7 @@ def test_cpu_quick_run_end_to_end(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(js.read_text())
     recs = data["records"]
-    assert {r["set"] for r in recs} == {"paper", "decode", "llama", "overhead"}
+    assert {r["set"] for r in recs} == {"paper", "decode", "llama", "overhead", "fp8"}
     paper = [r for r in recs if r["set"] == "paper"]
     assert {r["impl"] for r in paper} == {"ours", "ours-direct", "flash"}
     assert {r["pass"] for r in paper} == {"fwd", "bwd", "fwdbwd"}
@@ -265,8 +292,15 @@ def test_cpu_quick_run_end_to_end(tmp_path):
     assert data["meta"]["options"]["rounds"] == 3 and data["meta"]["git"]
     assert any(e["num"] == "ours" and e["den"] == "flash" for e in data["ratios"])
     assert len(cs.read_text().strip().splitlines()) == len(recs) + 1
-    # the summary table comes last
-    assert res.stdout.rstrip().splitlines()[-1].startswith("geomean overhead")
+    # the FP8 set: e4m3 against bf16 on the same inputs, and the accuracy table (fp64 reference) after it
+    assert {r["impl"] for r in recs if r["set"] == "fp8"} == {"ours", "ours-bf16"}
+    acc = {row["variant"]: row["rmse"] for row in data["fp8_accuracy"]["rows"]}
+    assert len(acc) == 5 and all(x is not None and 0 < x < 0.1 for x in acc.values())
+    assert acc["bf16 inputs"] < acc["e4m3, per (batch, head)"]
+    assert acc["e4m3, per 64 rows + Hadamard q, k"] < acc["e4m3, one descale per tensor"]
+    # the summary table comes last, then the accuracy table
+    tail = res.stdout.rstrip().splitlines()
+    assert any(x.startswith("geomean overhead") for x in tail[-20:]) and tail[-1].startswith("  e4m3, per 64 rows + H")
     assert math.isfinite(data["meta"]["elapsed_s"])
 
 
