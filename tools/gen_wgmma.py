@@ -13,6 +13,8 @@ RSK_N = [128]                                     # S = Q K^T with Q in register
 SST_N = [64]                                      # backward dQ = dS K: N = the head-dim columns of a warpgroup
 SSKMN_N = [64]                                    # backward (head dim 256) dQ = dS K with dS K-major
 TYPES = [("half", "f16", "__half"), ("bf16", "bf16", "__nv_bfloat16")]
+FP8_SS_N = [128]            # S = Q K^T on e4m3: N = key block
+FP8_RSK_N = [64, 128, 256]  # O += P V on e4m3, V^T K-major: N = head dim
 
 
 def reg_list(first, count):
@@ -25,7 +27,7 @@ def acc_operands(n):
     return (",\n          ").join(lines)
 
 
-def emit_ss(n, ptx_type, elem, name="fa3_wgmma_ss", trans=0, trans_b=None):
+def emit_ss(n, ptx_type, elem, name="fa3_wgmma_ss", trans=0, trans_b=None, k=16):
     trans_a = trans
     trans_b = trans if trans_b is None else trans_b
     nacc = n // 2
@@ -34,18 +36,19 @@ def emit_ss(n, ptx_type, elem, name="fa3_wgmma_ss", trans=0, trans_b=None):
     print("                                                              uint64_t desc_b, int accumulate) {")
     print("    asm volatile(")
     print('        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (nacc + 2))
-    print('        "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {"' % (n, ptx_type, ptx_type))
+    print('        "wgmma.mma_async.sync.aligned.m64n%dk%d.f32.%s.%s {"' % (n, k, ptx_type, ptx_type))
     for i in range(0, nacc, 16):
         sep = ", " if i + 16 < nacc else ""
         print('        "%s%s"' % (reg_list(i, min(16, nacc - i)), sep))
-    print('        "}, %%%d, %%%d, p, 1, 1, %d, %d;\\n}\\n"' % (nacc, nacc + 1, trans_a, trans_b))
+    transposes = "" if k == 32 else ", %d, %d" % (trans_a, trans_b)  # 8-bit types: K-major only, no immediates
+    print('        "}, %%%d, %%%d, p, 1, 1%s;\\n}\\n"' % (nacc, nacc + 1, transposes))
     print("        : " + acc_operands(n))
     print('        : "l"(desc_a), "l"(desc_b), "r"(accumulate));')
     print("}")
     print()
 
 
-def emit_rs(n, ptx_type, elem, name="fa3_wgmma_rs", trans_b=1):
+def emit_rs(n, ptx_type, elem, name="fa3_wgmma_rs", trans_b=1, k=16):
     nacc = n // 2
     print("template <> __device__ __forceinline__ void %s<%d, %s>(float (&d)[%d], uint32_t a0, uint32_t a1,"
           % (name, n, elem, nacc))
@@ -53,12 +56,13 @@ def emit_rs(n, ptx_type, elem, name="fa3_wgmma_rs", trans_b=1):
     print("                                                              int accumulate) {")
     print("    asm volatile(")
     print('        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"' % (nacc + 5))
-    print('        "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {"' % (n, ptx_type, ptx_type))
+    print('        "wgmma.mma_async.sync.aligned.m64n%dk%d.f32.%s.%s {"' % (n, k, ptx_type, ptx_type))
     for i in range(0, nacc, 16):
         sep = ", " if i + 16 < nacc else ""
         print('        "%s%s"' % (reg_list(i, min(16, nacc - i)), sep))
-    print('        "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %d;\\n}\\n"'
-          % (nacc, nacc + 1, nacc + 2, nacc + 3, nacc + 4, trans_b))
+    transpose = "" if k == 32 else ", %d" % trans_b  # 8-bit types: K-major only, no immediate
+    print('        "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1%s;\\n}\\n"'
+          % (nacc, nacc + 1, nacc + 2, nacc + 3, nacc + 4, transpose))
     print("        : " + acc_operands(n))
     print('        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(accumulate));')
     print("}")
@@ -79,7 +83,9 @@ print("""/* SPDX-License-Identifier: Apache-2.0 */
  * fa3_wgmma_ss_mn<N, T>: D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B in shared memory, both MN-major (both
  *   transpose immediates set).
  * fa3_wgmma_ss_kmn<N, T>: D[64 x N] (+)= A[64 x 16] * B[16 x N], A in shared memory K-major, B MN-major.
- * T is the 16-bit element type of A and B (__half or __nv_bfloat16).
+ * T is the element type of A and B: __half or __nv_bfloat16 (k16 per instruction, A in registers as four 16-bit
+ *   pairs), or __nv_fp8_e4m3 (k32, A in registers as four groups of four bytes; fa3_wgmma_ss and
+ *   fa3_wgmma_rs_kmajor only, the K-major forms, the only ones 8-bit types have).
  * D is the fp32 accumulator fragment: d[e + 2h + 4c] holds (row 16 * warp + lane / 4 + 8h, col 8c + 2 * (lane % 4) + e).
  */
 #ifndef FLASHATTN_CUDA_FA3_WGMMA_CUH
@@ -87,6 +93,7 @@ print("""/* SPDX-License-Identifier: Apache-2.0 */
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 template <int N, typename T>
@@ -119,6 +126,10 @@ for _, ptx, bf in TYPES:
         emit_ss(n, ptx, bf, "fa3_wgmma_ss_mn", 1)
     for n in SSKMN_N:
         emit_ss(n, ptx, bf, "fa3_wgmma_ss_kmn", 0, 1)
+for n in FP8_SS_N:
+    emit_ss(n, "e4m3", "__nv_fp8_e4m3", k=32)
+for n in FP8_RSK_N:
+    emit_rs(n, "e4m3", "__nv_fp8_e4m3", "fa3_wgmma_rs_kmajor", 0, k=32)
 print("""#endif /* sm_90a */
 
 #endif /* FLASHATTN_CUDA_FA3_WGMMA_CUH */""")
