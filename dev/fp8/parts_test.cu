@@ -138,24 +138,31 @@ static int run(void) {
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(hs, ds, sizeof(float) * BM * BN, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(ho, dout, sizeof(float) * BM * D, cudaMemcpyDeviceToHost));
-    double err_s = 0, max_s = 0, err_o = 0, max_o = 0;
+    /* FP8 wgmma keeps fewer accumulator bits than fp32 (about 14 retained across the sum), so an element's error is
+     * held to 2^-10 of the sum of its terms' magnitudes; a fragment or layout mistake is of the order of that sum. */
+    double worst_s = 0, worst_o = 0;
     for (int r = 0; r < BM; ++r)
         for (int c = 0; c < BN; ++c) {
-            double ref = 0;
-            for (int x = 0; x < D; ++x) ref += (double)e4m3(hq[r * D + x]) * e4m3(hk[c * D + x]);
-            err_s = fmax(err_s, fabs(ref - hs[r * BN + c]));
-            max_s = fmax(max_s, fabs(ref));
+            double ref = 0, mag = 0;
+            for (int x = 0; x < D; ++x) {
+                const double t = (double)e4m3(hq[r * D + x]) * e4m3(hk[c * D + x]);
+                ref += t, mag += fabs(t);
+            }
+            if (mag > 0) worst_s = fmax(worst_s, fabs(ref - hs[r * BN + c]) / mag);
         }
     for (int r = 0; r < BM; ++r)
         for (int c = 0; c < D; ++c) {
-            double ref = 0;
-            for (int k = 0; k < BN; ++k) ref += (double)(float)__nv_fp8_e4m3(hp[r * BN + k]) * e4m3(hv[k * D + c]);
-            err_o = fmax(err_o, fabs(ref - ho[r * D + c]));
-            max_o = fmax(max_o, fabs(ref));
+            double ref = 0, mag = 0;
+            for (int k = 0; k < BN; ++k) {
+                const double t = (double)(float)__nv_fp8_e4m3(hp[r * BN + k]) * e4m3(hv[k * D + c]);
+                ref += t, mag += fabs(t);
+            }
+            if (mag > 0) worst_o = fmax(worst_o, fabs(ref - ho[r * D + c]) / mag);
         }
-    const int ok = err_s <= 1e-5 * max_s && err_o <= 1e-5 * max_o;
-    printf("%s D=%d: S = Q K^T max error %.3g of %.3g; O = P V max error %.3g of %.3g\n", ok ? "PASS" : "FAIL", D,
-           err_s, max_s, err_o, max_o);
+    const double tol = 1.0 / 1024;
+    const int ok = worst_s <= tol && worst_o <= tol;
+    printf("%s D=%d: worst error / sum of |terms|: S = Q K^T %.3g, O = P V %.3g (bound %.3g)\n", ok ? "PASS" : "FAIL",
+           D, worst_s, worst_o, tol);
     return ok ? 0 : 1;
 }
 
