@@ -115,6 +115,8 @@ typedef struct vf_problem {
 
     vf_tensor q, k, v, o, dout, dq, dk, dv;
     float *descale[3]; /* q, k, v descales of FA_E4M3 problems (NULL otherwise) */
+    int64_t descale_count[3];
+    float *d_descale[3]; /* their device copies (device backends) */
     float *lse, *d_lse;
     int64_t lse_elems;
     int32_t *cu_q, *cu_k, *d_cu_q, *d_cu_k; /* host / device, batch + 1 each (varlen only) */

@@ -605,11 +605,9 @@ static fa_status prepare(const fa_params *p, const fa_exec *exec, int backward, 
     fa_status st = resolve_exec(p, exec, x);
     if (st != FA_OK) return st;
     if ((st = validate(p, x->backend, backward, r)) != FA_OK) return st;
-    if (r->dtype == FA_E4M3 && !host_backend(x->backend))
-        return fa_fail(FA_ERR_UNSUPPORTED,
-                       "dtype FA_E4M3 runs on the cpu and reference backends; the %s backend has "
-                       "no e4m3 kernel",
-                       x->backend == FA_BACKEND_CUDA ? "cuda" : "naive");
+    if (r->dtype == FA_E4M3 && x->backend == FA_BACKEND_NAIVE)
+        return fa_fail(FA_ERR_UNSUPPORTED, "dtype FA_E4M3 runs on the cpu, reference and cuda backends; the naive "
+                                           "backend has no e4m3 kernel");
 #ifdef FA_WITH_CUDA
     if (x->backend == FA_BACKEND_CUDA) return fa_cuda_check(r, x, backward);
 #endif

@@ -199,6 +199,9 @@ static fa_status check_pointers(const fa_params *p, int backward, const fa_cuda_
         { p->cu_seqlens_q, "cu_seqlens_q" },
         { p->cu_seqlens_k, "cu_seqlens_k" },
         { p->alibi_slopes, "alibi_slopes" },
+        { p->q_descale, "q_descale" },
+        { p->k_descale, "k_descale" },
+        { p->v_descale, "v_descale" },
         { backward ? p->dout.data : NULL, "dout.data" },
         { backward ? p->dq.data : NULL, "dq.data" },
         { backward ? p->dk.data : NULL, "dk.data" },
@@ -295,6 +298,16 @@ static fa_status select_fwd(const fa_params *p, const fa_exec *x, const fa_cuda_
     fa_status st = kernel_choice(x, &k);
     if (st != FA_OK) return st;
     const int hopper = dev->cc_major == 9 && dev->cc_minor == 0;
+    if (p->dtype == FA_E4M3) { /* FA3 alone has an e4m3 kernel: its refusal is the answer */
+        *f = &fa3_fwd_family;
+        if (k == FA_KERNEL_FA2)
+            return fa_fail(FA_ERR_UNSUPPORTED, "dtype FA_E4M3: the FA2 kernel has no e4m3 path (the FA3 kernel has)");
+        if (!hopper)
+            return fa_fail(FA_ERR_UNSUPPORTED,
+                           "dtype FA_E4M3 needs the FA3 kernel, compute capability 9.0 (device %d is %d.%d)",
+                           dev->ordinal, dev->cc_major, dev->cc_minor);
+        return fa3_fwd_family.supported(p, dev);
+    }
     if (k == FA_KERNEL_FA3) {
         *f = &fa3_fwd_family;
         if (!hopper)

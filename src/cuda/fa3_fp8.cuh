@@ -57,20 +57,27 @@ static __device__ __forceinline__ void fa3_fp8_pack_p(const float (&s)[BN / 2], 
 }
 
 /* V (BN = 128 keys x D bytes, [D / 128 slabs][128 rows][128 B]) into V^T ([D rows][128 B], keys at
- * fa3_fp8_key_pos), by the 128 threads of a warpgroup (thread t = threadIdx.x % 128). A thread moves 4 x 4-byte
- * blocks: the four keys that land on four consecutive V^T bytes (32c + 16h + 2q + {0, 1, 8, 9}) times four
- * head-dim bytes, read as four words, transposed by byte permutes, written as four words. The caller orders
- * the reads after V's arrival and the writes before wgmma's reads (fence.proxy.async and a barrier). */
-template <int D>
-static __device__ __forceinline__ void fa3_fp8_transpose_v(uint32_t s_v, uint32_t s_vt, int t) {
-    constexpr int kBN = 128, kBlocks = (kBN / 4) * (D / 4), kPerThread = kBlocks / 128;
-    static_assert(D % 128 == 0, "e4m3 V tiles are whole 128-byte slabs");
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-        const int blk = t + 128 * i;
-        /* consecutive threads take consecutive head-dim groups, so a warp's reads fill whole 128-byte rows */
-        const int n0 = 4 * (blk % (D / 4)), kg = blk / (D / 4); /* kg: which 4-key group (0..31) */
-        const int c = kg >> 3, h = (kg >> 2) & 1, q = kg & 3;
+ * fa3_fp8_key_pos), by NT threads (thread t < NT, whole warps). A thread moves 4 x 4-byte blocks: the four keys
+ * that land on four consecutive V^T bytes (32c + 16h + 2q + {0, 1, 8, 9}, kg = 8c + 4h + q) times four head-dim
+ * bytes n0..n0 + 3, read as four words, transposed by byte permutes, written as four words. A warp takes q from
+ * lane bits 0-1 and n0 / 4 mod 8 from lane bits 2-4, and writes its four rows starting at row n0 + (n0 / 8 mod 4)
+ * (the words rotated to match): then each of the four reads and four writes of the warp hits 32 different banks
+ * (the swizzle XORs the 16-byte chunk with the row), where 4 lanes on consecutive rows of one key group made the
+ * writes 16-way conflicts. Keys from `valid` on are written as zeros (rows past a varlen sequence hold the next
+ * one's values, NaN bytes among them, and a zero P times NaN is NaN). The caller orders the reads after V's
+ * arrival and the writes before wgmma's reads (fence.proxy.async and a barrier). */
+template <int D, int NT = 128>
+static __device__ __forceinline__ void fa3_fp8_transpose_v(uint32_t s_v, uint32_t s_vt, int t, int valid = 128) {
+    constexpr int kBN = 128, kTasks = 8 * (D / 32), kWarps = NT / 32, kRounds = (kTasks + kWarps - 1) / kWarps;
+    static_assert(D % 128 == 0 && NT % 32 == 0, "e4m3 V tiles are whole 128-byte slabs; whole warps");
+    const int lane = t % 32, w = t / 32, q = lane & 3, cwl = lane >> 2;
+    const uint32_t rot = (cwl >> 1) & 3;
+#pragma unroll 2
+    for (int i = 0; i < kRounds; ++i) {
+        const int task = w + kWarps * i; /* (key groups 4 task % 8 .., column words 8 task / 8 ..) */
+        if (kTasks % kWarps != 0 && task >= kTasks) break;
+        const int kg = 4 * (task & 7) + q, n0 = 4 * (8 * (task >> 3) + cwl);
+        const int c = kg >> 3, h = (kg >> 2) & 1;
         const int k0 = 32 * c + 16 * h + 2 * q; /* keys k0, k0 + 1, k0 + 8, k0 + 9 */
         const uint32_t slab = s_v + (n0 >> 7) * (kBN * 128), col = n0 & 127;
         uint32_t w0, w1, w2, w3;
@@ -78,15 +85,21 @@ static __device__ __forceinline__ void fa3_fp8_transpose_v(uint32_t s_v, uint32_
         asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w1) : "r"(slab + fa3_sw128(k0 + 1, col)));
         asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w2) : "r"(slab + fa3_sw128(k0 + 8, col)));
         asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w3) : "r"(slab + fa3_sw128(k0 + 9, col)));
-        /* 4 x 4 byte transpose: out[t] holds byte t of w0, w1, w2, w3 */
+        /* zero past `valid`; rotated by rot bytes, so that out[s] below is head-dim byte (s + rot) % 4 of the keys */
+        w0 = k0 < valid ? __funnelshift_r(w0, w0, 8 * rot) : 0u;
+        w1 = k0 + 1 < valid ? __funnelshift_r(w1, w1, 8 * rot) : 0u;
+        w2 = k0 + 8 < valid ? __funnelshift_r(w2, w2, 8 * rot) : 0u;
+        w3 = k0 + 9 < valid ? __funnelshift_r(w3, w3, 8 * rot) : 0u;
+        /* 4 x 4 byte transpose: out[s] holds byte s of w0, w1, w2, w3 */
         const uint32_t a_lo = __byte_perm(w0, w1, 0x5140), a_hi = __byte_perm(w0, w1, 0x7362);
         const uint32_t b_lo = __byte_perm(w2, w3, 0x5140), b_hi = __byte_perm(w2, w3, 0x7362);
         const uint32_t out[4] = { __byte_perm(a_lo, b_lo, 0x5410), __byte_perm(a_lo, b_lo, 0x7632),
                                   __byte_perm(a_hi, b_hi, 0x5410), __byte_perm(a_hi, b_hi, 0x7632) };
         const int pos = 32 * c + 16 * h + 4 * q; /* fa3_fp8_key_pos(k0) */
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(s_vt + fa3_sw128(n0 + e, pos)), "r"(out[e]) : "memory");
+        for (int s = 0; s < 4; ++s)
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(s_vt + fa3_sw128(n0 + ((s + rot) & 3), pos)), "r"(out[s])
+                         : "memory");
     }
 }
 

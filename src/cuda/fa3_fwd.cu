@@ -75,14 +75,45 @@ fa_status fa3_check_tensor(const char *name, const fa_tensor *t, int dense, int 
     return FA_OK;
 }
 
+/* What the e4m3 kernel (fa3_fp8_fwd.cuh) takes beyond the 16-bit kernel's rules: head dims 128 and 256, descales
+ * per (batch entry, head), rows of q, k and v 16-byte aligned (TMA moves bytes: strides in multiples of 16 e4m3
+ * elements). */
+static fa_status fa3_fp8_supported(const fa_params *p) {
+    const int compiled = (p->head_dim == 128 && FA_HAS_HDIM_128) || (p->head_dim == 256 && FA_HAS_HDIM_256);
+    if (!compiled)
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "fa3 e4m3 forward: head_dim %d (the e4m3 kernel has head dims 128 and 256%s)", p->head_dim,
+                       FA_HAS_HDIM_128 && FA_HAS_HDIM_256 ? "" : ", not all of them compiled");
+    if (p->descale_block_q != 0 || p->descale_block_k != 0)
+        return fa_fail(FA_ERR_UNSUPPORTED,
+                       "fa3 e4m3 forward: descale_block_q / descale_block_k (%d / %d): the CUDA kernel takes one "
+                       "descale per (batch entry, head) (0); the cpu backend takes blocks",
+                       (int)p->descale_block_q, (int)p->descale_block_k);
+    const int dense = !fa_is_varlen(p);
+    const fa_tensor *ts[3] = { &p->q, &p->k, &p->v };
+    const char *names[3] = { "q", "k", "v" };
+    for (int i = 0; i < 3; i++) {
+        const fa_tensor *t = ts[i];
+        const int heads = i == 0 ? p->heads_q : p->heads_kv;
+        if (t->stride_seq % 16 || (heads > 1 && t->stride_head % 16) || (dense && p->batch > 1 && t->stride_batch % 16))
+            return fa_fail(FA_ERR_UNSUPPORTED,
+                           "fa3 e4m3 forward: the strides of %s (batch %lld, seq %lld, head %lld) are not multiples "
+                           "of 16 elements (TMA moves 16-byte units)",
+                           names[i], (long long)t->stride_batch, (long long)t->stride_seq, (long long)t->stride_head);
+    }
+    return FA_OK;
+}
+
 extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device *dev) {
     if (dev->cc_major != 9 || dev->cc_minor != 0)
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: needs compute capability 9.0 (device %d has %d.%d)",
                        dev->ordinal, dev->cc_major, dev->cc_minor);
     if (!fa3_sm90a_available(dev))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: this library was built without sm_90a code");
-    if (p->dtype != FA_F16 && p->dtype != FA_BF16)
-        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: dtype must be f16 or bf16");
+    if (p->dtype != FA_F16 && p->dtype != FA_BF16 && p->dtype != FA_E4M3)
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: dtype must be f16, bf16 or e4m3");
+    fa_status st;
+    if (p->dtype == FA_E4M3 && (st = fa3_fp8_supported(p)) != FA_OK) return st;
     switch (p->head_dim) {
 #define FA3_CASE(D) case D:
         FA3_HDIMS(FA3_CASE)
@@ -99,7 +130,6 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
     const int dense = !fa_is_varlen(p);
     if (dense ? (p->seqlen_q < 1 || p->seqlen_k < 1) : (p->total_q < 1 || p->total_k < 1))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: empty Q or K tensor");
-    fa_status st;
     if ((st = fa3_check_tensor("q", &p->q, dense, p->batch, p->heads_q)) != FA_OK) return st;
     if ((st = fa3_check_tensor("k", &p->k, dense, p->batch, p->heads_kv)) != FA_OK) return st;
     if ((st = fa3_check_tensor("v", &p->v, dense, p->batch, p->heads_kv)) != FA_OK) return st;
@@ -192,6 +222,7 @@ const fa3_knobs *fa3_knobs_get(void) {
  * in the general (masked) step but not in the unmasked steps, and is as fast as 96 (which does not spill) or
  * faster. FLASHATTN_FA3_BLOCK_N = 96 | 128 overrides it for those tiles (FA_TUNING). */
 static int choose_block_n(const fa_params *p, int block_m) {
+    if (p->dtype == FA_E4M3) return 128; /* the e4m3 kernel's V^T and P packing are made for 128 keys */
     if (p->head_dim == 256) return 80;
     if (p->head_dim == 64 && block_m == 192 && fa3_knobs_get()->block_n) return fa3_knobs_get()->block_n;
     return 128;
@@ -268,6 +299,8 @@ static fa3_plan fa3_plan_make(const fa_params *p, const fa_cuda_device *dev) {
 
 /* The consumer schedule each head dim's launcher (fa3_fwd_hdim*.cu) runs in the default build. */
 static const char *schedule_words(const fa_params *p, const fa3_plan *pl) {
+    if (p->dtype == FA_E4M3)
+        return "e4m3: intra-warpgroup overlap and ping-pong, V^T by the producer's warps 1-3, O from registers";
     if (p->head_dim == 64 && pl->block_m == 128) return "intra-warpgroup overlap, Q K^T with Q from registers";
     if (p->head_dim == 128) return "intra-warpgroup overlap and ping-pong, Q K^T with Q from registers";
     return "intra-warpgroup overlap and ping-pong";
@@ -275,7 +308,7 @@ static const char *schedule_words(const fa_params *p, const fa3_plan *pl) {
 
 extern "C" void fa3_fwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size) {
     const fa3_plan pl = fa3_plan_make(p, dev);
-    const int has_lean = (p->head_dim == 64 && pl.block_m == 192) || p->head_dim == 256;
+    const int has_lean = (p->head_dim == 64 && pl.block_m == 192) || p->head_dim == 256 || p->dtype == FA_E4M3;
     static const char *const schedulers[3] = { "persistent, tiles from an atomic counter", "persistent, round robin",
                                                "one CTA per tile" };
     char order[160];
@@ -351,6 +384,9 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->div_group = fa3_divisor_make(a->group);
     a->div_section = fa3_divisor_make(a->section > 0 ? a->section : 1);
     a->div_section_tiles = fa3_divisor_make(a->section > 0 ? a->section * a->num_m_blocks : 1);
+    a->q_descale = p->q_descale;
+    a->k_descale = p->k_descale;
+    a->v_descale = p->v_descale;
     if (a->num_tiles == 0) return FA_OK;
     pr.grid = pl.grid;
     if (pl.scheduler != 2 && workspace != NULL && pl.scheduler != 1) {
@@ -362,6 +398,18 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     if ((st = make_map(&pr.tm_q, p, &p->q, p->heads_q, 64)) != FA_OK) return st;
     if ((st = make_map(&pr.tm_k, p, &p->k, p->heads_kv, block_n)) != FA_OK) return st;
     if ((st = make_map(&pr.tm_v, p, &p->v, p->heads_kv, block_n)) != FA_OK) return st;
+    if (p->dtype == FA_E4M3) { /* O (out_dtype) is written from registers: no map */
+        const int out_bf16 = p->out_dtype == FA_BF16;
+        switch (p->head_dim) {
+#if FA_HAS_HDIM_128
+        case 128: return fa3_fp8_run_hdim128(&pr, out_bf16, stream);
+#endif
+#if FA_HAS_HDIM_256
+        case 256: return fa3_fp8_run_hdim256(&pr, out_bf16, stream);
+#endif
+        default: return fa_fail(FA_ERR_INTERNAL, "fa3 e4m3 forward: no launcher for head_dim %d", p->head_dim);
+        }
+    }
     if ((st = make_map(&pr.tm_o, p, &p->o, p->heads_q, 64)) != FA_OK) return st;
 
     const int bf16 = p->dtype == FA_BF16;

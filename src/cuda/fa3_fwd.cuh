@@ -96,7 +96,7 @@ struct fa3_args {
     int window_left, window_right;
     float *lse;
     int64_t total_q;
-    void *o; /* for the direct stores of varlen boundary tiles and of tiles that see no key */
+    void *o; /* for the direct stores of varlen boundary tiles and of tiles that see no key (e4m3: of every tile) */
     int64_t o_stride_batch, o_stride_seq, o_stride_head;
     const void *k; /* for S computed again where the softmax against the stale max failed (fa3_mma_scores) */
     int64_t k_stride_batch, k_stride_seq, k_stride_head;
@@ -110,6 +110,9 @@ struct fa3_args {
     fa3_divisor div_head_tiles;
     unsigned long long *counter_tag; /* beside tile_counter: the tag of the launch that last reset it */
     unsigned long long launch_tag;   /* this launch's, unique in the process (fa3_fwd.cu) */
+    /* e4m3 (fa3_fp8_fwd.cuh): one descale per (batch entry, head) of q (heads_q) and of k, v (heads_q / group),
+     * NULL = 1 */
+    const float *q_descale, *k_descale, *v_descale;
 };
 
 /* A launch: tensor maps, arguments and grid. */
@@ -148,6 +151,9 @@ const fa3_knobs *fa3_knobs_get(void);
 fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block_n, int schedule, cudaStream_t stream);
 fa_status fa3_run_hdim128(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
 fa_status fa3_run_hdim256(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
+/* The e4m3 kernel's launchers (fa3_fp8_fwd_hdim*.cu): O in bf16 (out_bf16) or f16. */
+fa_status fa3_fp8_run_hdim128(const fa3_problem *pr, int out_bf16, cudaStream_t stream);
+fa_status fa3_fp8_run_hdim256(const fa3_problem *pr, int out_bf16, cudaStream_t stream);
 
 /* Whether this build carries sm_90a code (fa3_fwd.cu), and whether TMA can move tensor t (16-byte aligned,
  * strides positive multiples of 8 elements; a message naming it when not). */
@@ -221,7 +227,8 @@ struct fa3_bar_layout {
     /* Every barrier with its arrival count, by one thread before the CTA's first __syncthreads. The tile-index
      * slots are released per consumer thread where the geometry is published (each thread reads its entry),
      * else per consumer warp. */
-    static __device__ __forceinline__ void init(uint32_t area, bool shared_geo) {
+    static __device__ __forceinline__ void init(uint32_t area, bool shared_geo, int v_ready_arrivals = 1,
+                                                int v_empty_arrivals = 4 * NWG) {
         for (int i = 0; i < NWG; ++i) {
             hp_mbar_init(area + kQFull + 8 * i, 1);
             hp_mbar_init(area + kQEmpty + 8 * i, 4); /* one arrival per warp of the warpgroup */
@@ -230,35 +237,39 @@ struct fa3_bar_layout {
             hp_mbar_init(area + kKFull + 8 * i, 1);
             hp_mbar_init(area + kVFull + 8 * i, 1);
             hp_mbar_init(area + kKEmpty + 8 * i, 4 * NWG); /* one arrival per consumer warp */
-            hp_mbar_init(area + kVEmpty + 8 * i, 4 * NWG);
+            hp_mbar_init(area + kVEmpty + 8 * i, v_empty_arrivals);
         }
         for (int i = 0; i < 2; ++i) {
             hp_mbar_init(area + kTileFull + 8 * i, 1);
             hp_mbar_init(area + kTileEmpty + 8 * i, shared_geo ? 128 * NWG : 4 * NWG);
         }
-        for (int i = 0; i < FA3_STAGES; ++i) hp_mbar_init(area + kVReady + 8 * i, 1);
+        for (int i = 0; i < FA3_STAGES; ++i) hp_mbar_init(area + kVReady + 8 * i, v_ready_arrivals);
         hp_fence_barrier_init();
     }
 };
 
-template <int D, int BN, int NWG>
+/* EB: bytes per element of Q, K and V, 2 (f16, bf16) or 1 (e4m3, fa3_fp8_fwd.cuh: O is written from registers,
+ * and the V^T stages take the place of O's tiles). A tile's rows are 128 bytes per slab either way: 64 16-bit
+ * elements or 128 e4m3 ones. */
+template <int D, int BN, int NWG, int EB = 2>
 struct fa3_cfg {
     typedef fa3_bar_layout<NWG> Bars;
     static constexpr int kGeoBytes = Bars::kGeoBytes;
     static constexpr int kTileRing = Bars::kTileRing;
     static constexpr int kBlockM = 64 * NWG;
     static constexpr int kThreads = 128 * (NWG + 1);
-    static constexpr int kQBytes = 64 * D * 2;  /* one consumer warpgroup's Q (and O) tile */
-    static constexpr int kKVBytes = BN * D * 2; /* one K or V stage */
-    static constexpr int kQSlab = 64 * 128;     /* bytes between the 64-column slabs of a Q tile */
+    static constexpr int kQBytes = 64 * D * EB;  /* one consumer warpgroup's Q (and O) tile */
+    static constexpr int kKVBytes = BN * D * EB; /* one K or V stage (and, e4m3, one V^T stage) */
+    static constexpr int kQSlab = 64 * 128;      /* bytes between the 64-column slabs of a Q tile */
     static constexpr int kKVSlab = BN * 128;
     static constexpr int kBarBytes = Bars::kBytes;
     /* Layout: Q tiles | K stages | V stages | [O tiles] | barriers; + 1024 for aligning the base. O gets its own
      * tiles when they fit (then the next tile's Q can land during this tile's epilogue), else it reuses Q's. */
     static constexpr int kOffK = NWG * kQBytes;
     static constexpr int kOffV = kOffK + FA3_STAGES * kKVBytes;
-    static constexpr int kOffO = kOffV + FA3_STAGES * kKVBytes;
-    static constexpr bool kSeparateO = kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
+    static constexpr int kOffVt = kOffV + FA3_STAGES * kKVBytes;
+    static constexpr int kOffO = kOffVt + (EB == 1 ? FA3_STAGES * kKVBytes : 0);
+    static constexpr bool kSeparateO = EB == 2 && kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
     static constexpr int kOffGeo = kOffBar + Bars::kGeo;
@@ -1453,11 +1464,11 @@ static __device__ __forceinline__ bool fa3_consumer_tile(const fa3_args &a, int 
  * Q K(i)^T is issued before P(i - 1) V(i - 1). The first K block goes before Q, which may wait for the previous
  * tile's epilogue. kv: the K/V ring's use number of the tile's first block; q_loads: the Q tiles', counted on
  * here. */
-template <int D, int BN, int NWG>
+template <int D, int BN, int NWG, int EB = 2>
 static __device__ __forceinline__ void fa3_load_tile(const fa3_args &a, const fa3_tile &g, int &kv, int &q_loads,
                                                      bool varlen, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
                                                      const CUtensorMap &tm_v, uint8_t *smem) {
-    typedef fa3_cfg<D, BN, NWG> C;
+    typedef fa3_cfg<D, BN, NWG, EB> C;
     typedef typename C::Bars B;
     const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV, bars = s_q + C::kOffBar;
     volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid);
@@ -1500,11 +1511,12 @@ static __device__ __forceinline__ void fa3_load_tile(const fa3_args &a, const fa
 }
 
 /* Warpgroup 0's first thread: claims the tiles (fa3_sched), publishes each one's index (with kSharedGeo also its
- * geometry) to the consumers in the two index slots, and loads its Q, K and V (fa3_load_tile). */
-template <int D, int BN, int NWG, bool GENERAL>
+ * geometry) to the consumers in the two index slots, and loads its Q, K and V (fa3_load_tile). EB = 1 (e4m3):
+ * the V^T writer waits for every V block, as the varlen V fixer does. */
+template <int D, int BN, int NWG, bool GENERAL, int EB = 2>
 static __device__ __forceinline__ void fa3_producer(const fa3_args &a, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
                                                     const CUtensorMap &tm_v, uint8_t *smem, bool varlen) {
-    typedef fa3_cfg<D, BN, NWG> C;
+    typedef fa3_cfg<D, BN, NWG, EB> C;
     typedef typename C::Bars B;
     const uint32_t bars = hp_smem_addr(smem) + C::kOffBar;
     volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
@@ -1533,14 +1545,14 @@ static __device__ __forceinline__ void fa3_producer(const fa3_args &a, const CUt
         FA3_EV(FA3_EV_PTILE, tile);
         if (!C::kSharedGeo) valid = fa3_sched::tile_get<C::kBlockM, BN, C::kSkipIdle, GENERAL, C::kFastDiv>(a, tile, g);
         if (valid && g.nblocks > 0) {
-            fa3_load_tile<D, BN, NWG>(a, g, kv, q_loads, varlen, tm_q, tm_k, tm_v, smem);
+            fa3_load_tile<D, BN, NWG, EB>(a, g, kv, q_loads, varlen, tm_q, tm_k, tm_v, smem);
         }
         /* The next tile is claimed once this one's loads are out (about two blocks before the consumers finish
          * it), not when it starts: the SM that frees up first takes the next tile of the order (measured 1-3%
          * faster at head dim 128). */
         claim = fa3_sched::next_claim(a, claim, k == 0);
     }
-    if (varlen) { /* tell the V fixer that no block follows: a phase of V full with no transfer */
+    if (varlen || EB == 1) { /* tell the V fixer (V^T writer) that no block follows: a phase of V full, no transfer */
         const int st = fa3_pipe<FA3_STAGES>::stage(kv);
         hp_mbar_wait(bars + B::kVEmpty + 8 * st, fa3_pipe<FA3_STAGES>::empty_phase(kv));
         v_valid[st] = -1;

@@ -76,10 +76,13 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
                        cudaGetErrorString(encode_lookup_error));
     const cuuint32_t element_strides[5] = { 1, 1, 1, 1, 1 };
     CUresult res =
-        encode_tiled(map, dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5,
-                     (void *)base, (const cuuint64_t *)dims, (const cuuint64_t *)strides_bytes, (const cuuint32_t *)box,
-                     element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        encode_tiled(map,
+                     dtype == FA_BF16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                     : dtype == FA_E4M3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                     5, (void *)base, (const cuuint64_t *)dims, (const cuuint64_t *)strides_bytes,
+                     (const cuuint32_t *)box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (res != CUDA_SUCCESS)
         return fa_fail(FA_ERR_DEVICE,
                        "TMA: cuTensorMapEncodeTiled failed (error %d) for dims {%llu, %llu, %llu, %llu, %llu}, "
@@ -101,10 +104,13 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
 fa_status fa3_tensor_map_rows(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int64_t rows, int heads,
                               int box_rows) {
     const int batch = fa_is_varlen(p) ? 1 : p->batch;
-    const uint64_t dims[5] = { 64, (uint64_t)rows, (uint64_t)(p->head_dim / 64), (uint64_t)heads, (uint64_t)batch };
+    /* a slab is 128 bytes of a row: 64 16-bit elements, or 128 e4m3 ones (t is q, k or v: o is never e4m3) */
+    const int eb = p->dtype == FA_E4M3 ? 1 : 2, slab = 128 / eb;
+    const uint64_t dims[5] = { (uint64_t)slab, (uint64_t)rows, (uint64_t)(p->head_dim / slab), (uint64_t)heads,
+                               (uint64_t)batch };
     /* A dimension of extent 1 is never stepped; give it a stride TMA accepts whatever the caller passed. */
-    const uint64_t strides[4] = { (uint64_t)t->stride_seq * 2, 128, heads > 1 ? (uint64_t)t->stride_head * 2 : 16,
-                                  batch > 1 ? (uint64_t)t->stride_batch * 2 : 16 };
-    const uint32_t box[5] = { 64, (uint32_t)box_rows, (uint32_t)(p->head_dim / 64), 1, 1 };
+    const uint64_t strides[4] = { (uint64_t)t->stride_seq * eb, 128, heads > 1 ? (uint64_t)t->stride_head * eb : 16,
+                                  batch > 1 ? (uint64_t)t->stride_batch * eb : 16 };
+    const uint32_t box[5] = { (uint32_t)slab, (uint32_t)box_rows, (uint32_t)(p->head_dim / slab), 1, 1 };
     return fa3_tensor_map(map, p->dtype, t->data, dims, strides, box);
 }

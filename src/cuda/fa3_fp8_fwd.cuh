@@ -1,0 +1,398 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fa3_fp8_fwd.cuh - the FlashAttention-3 forward on e4m3 inputs (sm_90a), included by fa3_fp8_fwd_hdim*.cu.
+ *
+ * The 16-bit kernel's machinery (fa3_fwd.cuh) with e4m3 operands: the persistent grid and its tile order
+ * (fa3_sched), the barriers (fa3_bar_layout), the producer thread's TMA loads (fa3_producer with EB = 1: 128-byte
+ * boxes of uint8 rows, one swizzle slab per 128 head-dim columns), the mask, the online softmax and the
+ * ping-pong turns are shared; what differs is here:
+ *   - S = Q K^T by e4m3 wgmma with both operands in shared memory (k32 steps: 32 bytes, as a 16-bit k16 step);
+ *   - P packed to e4m3 A registers (fa3_fp8_pack_p) for O += P V^T, whose B operand is K-major: warps 1-3 of
+ *     the producer warpgroup transpose each V stage into a V^T stage (fa3_fp8_vt_writer; the keys in the order
+ *     that the packed P needs, rows past the sequence as zeros), release the V stage at once (the next V block's
+ *     load need not wait for the P V) and mark the V^T stage ready; the consumers release the V^T stage after
+ *     their P V (V^T empty, barriers of this kernel's own after the shared layout's);
+ *   - the descales of q and k of the tile's (batch, head) multiply the softmax scale (the max, the mask and the
+ *     softcap see S in the units of the true scores times a constant), v's multiplies 1 / l;
+ *   - O (bf16 or f16, out_dtype) is written from registers to global memory (the V^T stages take the shared
+ *     memory that the 16-bit kernel gives O's tiles).
+ * Two consumer warpgroups of 64 rows, 128-key blocks, the intra-warpgroup overlap (Q K(i)^T and P(i - 1) V(i - 1)
+ * issued together, the softmax of S(i) under the P V) and ping-pong, every block in the general step (ring
+ * stages at run time). Per-block descales (descale_block_q/k) are refused on the host (fa3_fwd.cu).
+ */
+#ifndef FLASHATTN_CUDA_FA3_FP8_FWD_CUH
+#define FLASHATTN_CUDA_FA3_FP8_FWD_CUH
+
+#include "cuda/fa3_fp8.cuh"
+#include "cuda/fa3_fwd.cuh"
+
+enum { FA3_FP8_BN = 128, FA3_FP8_NWG = 2 };
+
+/* Q K^T with Q from registers: head dim 128 (16 more registers; at 256, 32 more do not fit beside O and S). */
+#ifndef FA3_FP8_QRS
+#define FA3_FP8_QRS 1
+#endif
+static __host__ __device__ constexpr bool fa3_fp8_qrs(int d) {
+    return FA3_FP8_QRS && d == 128;
+}
+
+template <int D>
+struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
+    typedef fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> Base;
+    /* V^T empty, per stage, after the shared barrier area (8-byte aligned) */
+    static constexpr int kOffVtEmpty = (Base::kOffBar + Base::kBarBytes + 7) / 8 * 8;
+    static constexpr int kSmemBytes = kOffVtEmpty + 8 * FA3_STAGES + 1024;
+    static_assert(kSmemBytes <= 232448, "e4m3 tiles fit in shared memory");
+    static_assert(D == 128 || D == 256, "e4m3 head dims");
+};
+
+/* Warps 1-3 of the producer warpgroup: every V block in ring order into its V^T stage (fa3_fp8_transpose_v),
+ * once the consumers have released that stage's previous V^T; then V empty and V ready (one arrival per warp
+ * each). The producer ends the ring with a V full phase whose valid count is -1. */
+template <int D>
+static __device__ __forceinline__ void fa3_fp8_vt_writer(uint32_t s_v, uint32_t s_vt, uint32_t bar_v_full,
+                                                         uint32_t bar_v_empty, uint32_t bar_v_ready,
+                                                         uint32_t bar_vt_empty, volatile const int *v_valid) {
+    typedef fa3_fp8_cfg<D> C;
+    typedef fa3_pipe<FA3_STAGES> P;
+    const int t = threadIdx.x - 32, lane = threadIdx.x % 32;
+    for (int j = 0;; ++j) {
+        const int st = P::stage(j);
+        hp_mbar_wait(bar_v_full + 8 * st, P::phase(j));
+        const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0);
+        if (valid < 0) break;
+        hp_mbar_wait(bar_vt_empty + 8 * st, P::empty_phase(j));
+        fa3_fp8_transpose_v<D, 96>(s_v + st * C::kKVBytes, s_vt + st * C::kKVBytes, t, valid);
+        hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote, and TMA refills V */
+        __syncwarp();
+        if (lane == 0) {
+            hp_mbar_arrive(bar_v_empty + 8 * st);
+            hp_mbar_arrive(bar_v_ready + 8 * st);
+        }
+    }
+}
+
+#if FA_SM90A
+
+/* The Q operand of S = Q K^T: the warpgroup's Q tile in shared memory, or (QRS) its A fragments in registers,
+ * four e4m3 per register, four registers per 32 columns. */
+template <int D, bool QRS>
+struct fa3_fp8_qop {
+    uint64_t desc;
+    uint32_t frag[QRS ? D / 8 : 1];
+};
+
+/* Loads the A fragments of a [D / 128 slabs][64 rows][128 B] swizzled Q tile: for columns 32 kk.., the words
+ * at (row, 4 quad), (row + 8, 4 quad), (row, 16 + 4 quad), (row + 8, 16 + 4 quad), row = 16 warp + lane / 4. */
+template <int D>
+static __device__ __forceinline__ void fa3_fp8_load_q_frag(uint32_t (&frag)[D / 8], uint32_t s_q, int warp, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const int r = 16 * warp + lane / 4 + 8 * (x & 1), col = 32 * kk + 16 * (x >> 1) + 4 * (lane % 4);
+            uint32_t v;
+            asm volatile("ld.shared.u32 %0, [%1];"
+                         : "=r"(v)
+                         : "r"(s_q + (col / 128) * (64 * 128) + fa3_sw128(r, col % 128))
+                         : "memory");
+            frag[4 * kk + x] = v;
+        }
+}
+
+/* S = Q K^T for one key block: D / 32 e4m3 steps of 32 bytes along the head dim, K in shared memory
+ * ([D / 128 slabs][rows][128 B]), Q there too or in registers (QRS). */
+template <int D, bool QRS>
+static __device__ __forceinline__ void fa3_fp8_issue_qk(float (&s)[FA3_FP8_BN / 2], const fa3_fp8_qop<D, QRS> &q,
+                                                        uint64_t desc_k) {
+    constexpr int BN = FA3_FP8_BN;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+    hp_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) {
+        const uint32_t off_q = ((kk / 4) * 64 * 128 + (kk % 4) * 32) >> 4;
+        const uint32_t off_k = ((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4;
+        if constexpr (QRS)
+            fa3_wgmma_rs_kmajor<BN, __nv_fp8_e4m3>(s, q.frag[4 * kk], q.frag[4 * kk + 1], q.frag[4 * kk + 2],
+                                                   q.frag[4 * kk + 3], hp_desc_add(desc_k, off_k), kk > 0);
+        else
+            fa3_wgmma_ss<BN, __nv_fp8_e4m3>(s, hp_desc_add(q.desc, off_q), hp_desc_add(desc_k, off_k), kk > 0);
+    }
+    hp_wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) hp_fence_reg(s[i]);
+}
+
+/* O += P V^T for one key block: BN / 32 steps along the keys, P from registers, V^T ([D rows][128 B]) K-major. */
+template <int D>
+static __device__ __forceinline__ void fa3_fp8_issue_pv(float (&o)[D / 2], uint32_t (&p)[FA3_FP8_BN / 8],
+                                                        uint64_t desc_vt) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) hp_fence_reg(o[i]);
+#pragma unroll
+    for (int i = 0; i < FA3_FP8_BN / 8; ++i) hp_fence_reg(p[i]);
+    hp_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < FA3_FP8_BN / 32; ++kk)
+        fa3_wgmma_rs_kmajor<D, __nv_fp8_e4m3>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                                              hp_desc_add(desc_vt, (kk * 32) >> 4), 1);
+    hp_wgmma_commit();
+}
+
+template <int D>
+static __device__ __forceinline__ void fa3_fp8_pv_done(float (&o)[D / 2], uint32_t (&p)[FA3_FP8_BN / 8]) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) hp_fence_reg(o[i]);
+#pragma unroll
+    for (int i = 0; i < FA3_FP8_BN / 8; ++i) hp_fence_reg(p[i]);
+}
+
+/* The softmax scale of a tile: the descales of q and k for its (batch, head) folded in. Without softcap they
+ * multiply scale_log2 (the max and the slack are kept in units of the raw e4m3 products); with softcap they
+ * multiply the factor inside tanh, and scale_log2 stays. */
+struct fa3_fp8_scale {
+    float scale_log2, slack, softcap_pre, v;
+};
+
+static __device__ __forceinline__ fa3_fp8_scale fa3_fp8_scale_make(const fa3_args &a, const fa3_tile &g) {
+    const int hk = g.h / a.group, heads_kv = a.heads_q / a.group;
+    const float dq = a.q_descale != nullptr ? a.q_descale[g.b * a.heads_q + g.h] : 1.0f;
+    const float dk = a.k_descale != nullptr ? a.k_descale[g.b * heads_kv + hk] : 1.0f;
+    fa3_fp8_scale sc;
+    sc.v = a.v_descale != nullptr ? a.v_descale[g.b * heads_kv + hk] : 1.0f;
+    if (a.softcap_pre != 0.0f) {
+        sc.softcap_pre = a.softcap_pre * dq * dk;
+        sc.scale_log2 = a.scale_log2;
+    } else {
+        sc.softcap_pre = 0.0f;
+        sc.scale_log2 = a.scale_log2 * dq * dk;
+    }
+    sc.slack = a.max_slack == 0.0f ? 0.0f : 8.0f / sc.scale_log2;
+    return sc;
+}
+
+/* Softcap, mask and online softmax of key block n (fa3_scores with the tile's scale). */
+template <bool GENERAL>
+static __device__ __forceinline__ bool fa3_fp8_scores(float (&s)[FA3_FP8_BN / 2], float (&m)[2], float (&l)[2],
+                                                      float (&factor)[2], const fa3_args &a, const fa3_fp8_scale &sc,
+                                                      const fa3_mask_info &mi, int n, int row0, int quad) {
+    constexpr int BN = FA3_FP8_BN;
+    if (GENERAL && sc.softcap_pre != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * sc.softcap_pre);
+    }
+    if (n < mi.n_lo || n >= mi.n_hi)
+        fa3_mask<BN, false>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
+    const bool move = fa3_softmax<BN, false>(s, m, l, factor, sc.scale_log2, sc.slack);
+    fa3_pin_scores<BN>(s, factor, l);
+    return move;
+}
+
+/* The K/V ring as the e4m3 consumers walk it: V^T stages beside K's, V ready from the V^T writer, V^T empty
+ * back to it. */
+struct fa3_fp8_ring {
+    uint32_t s_k, s_vt;
+    uint32_t k_full, k_empty, v_ready, vt_empty;
+};
+
+/* A tile's key blocks, overlapped: block 0's Q K^T and softmax; then per block i its Q K^T and P(i - 1) V(i - 1)
+ * in one turn, the softmax of S(i) while the P V runs; the last P V in a turn of its own (nb + 1 turns). */
+template <int D, bool QRS, bool GENERAL>
+static __device__ __forceinline__ void
+fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q, float (&s)[FA3_FP8_BN / 2],
+             float (&o)[D / 2], uint32_t (&p)[FA3_FP8_BN / 8], float (&m)[2], float (&l)[2], const fa3_args &a,
+             const fa3_fp8_scale &sc, const fa3_mask_info &mi, int n_min, int row0, int lane, int c, uint32_t q_empty) {
+    constexpr int NWG = FA3_FP8_NWG, kKV = fa3_fp8_cfg<D>::kKVBytes;
+    typedef fa3_pipe<FA3_STAGES> P;
+    const int quad = lane % 4;
+    float factor[2];
+    {
+        const int st0 = P::stage(kv);
+        hp_mbar_wait(r.k_full + 8 * st0, P::phase(kv));
+        fa3_pp_sync<true>(c);
+        fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
+        fa3_pp_arrive<true, NWG>(c, false);
+        hp_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < FA3_FP8_BN / 2; ++i) hp_fence_reg(s[i]);
+        fa3_release(r.k_empty + 8 * st0, lane);
+        fa3_fp8_scores<GENERAL>(s, m, l, factor, a, sc, mi, n_min, row0, quad);
+        fa3_fp8_pack_p<FA3_FP8_BN>(s, p);
+        if (nb > 1) hp_mbar_wait(r.k_full + 8 * P::stage(kv + 1), P::phase(kv + 1));
+    }
+#pragma unroll 1
+    for (int i = 1; i < nb; ++i) {
+        const int j = kv + i; /* K(i); V(i - 1) is use j - 1 */
+        const int st = P::stage(j), sp = P::stage(j - 1);
+        fa3_pp_sync<true>(c);
+        fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
+        hp_mbar_wait(r.v_ready + 8 * sp, P::phase(j - 1));
+        fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sp * kKV, 16, 1024));
+        fa3_pp_arrive<true, NWG>(c, false);
+        hp_wgmma_wait<1>();
+#pragma unroll
+        for (int jj = 0; jj < FA3_FP8_BN / 2; ++jj) hp_fence_reg(s[jj]);
+        fa3_release(r.k_empty + 8 * st, lane);
+        const bool move = fa3_fp8_scores<GENERAL>(s, m, l, factor, a, sc, mi, n_min + i, row0, quad);
+        if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * P::stage(j + 1), P::phase(j + 1));
+        hp_wgmma_wait<0>();
+        fa3_fp8_pv_done<D>(o, p);
+        fa3_release(r.vt_empty + 8 * sp, lane);
+        if (move) fa3_rescale<D>(o, factor);
+        fa3_fp8_pack_p<FA3_FP8_BN>(s, p);
+    }
+    /* every Q K^T of the tile has completed: the next tile's Q may land (QRS: released once loaded) */
+    if (!QRS) fa3_release(q_empty, lane);
+    const int jl = kv + nb - 1, sl = P::stage(jl);
+    hp_mbar_wait(r.v_ready + 8 * sl, P::phase(jl));
+    fa3_pp_sync<true>(c);
+    fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sl * kKV, 16, 1024));
+    fa3_pp_arrive<true, NWG>(c, true);
+    hp_wgmma_wait<0>();
+    fa3_fp8_pv_done<D>(o, p);
+    fa3_release(r.vt_empty + 8 * sl, lane);
+}
+
+/* fa3_finalize with the tile's scale: 1 / l times v's descale, the LSE from the tile's scale_log2. */
+template <int D>
+static __device__ __forceinline__ void fa3_fp8_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
+                                                        float (&inv)[2], float (&lse)[2], const fa3_args &a,
+                                                        const fa3_tile &g, const fa3_fp8_scale &sc, int seq_row0) {
+    bool empty_row[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+        empty_row[hh] = g.len_k == 0 ||
+                        (a.window_right >= 0 && (long long)seq_row0 + 8 * hh + g.len_k - g.len_q + a.window_right < 0);
+    if (__any_sync(0xffffffffu, empty_row[0] || empty_row[1])) {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i)
+            if (empty_row[(i >> 1) & 1]) o[i] = 0.0f;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+        const bool empty = empty_row[hh];
+        inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? sc.v / l[hh] : NAN;
+        lse[hh] = empty          ? -INFINITY
+                  : l[hh] > 0.0f ? (m[hh] * sc.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
+                                 : NAN;
+    }
+}
+
+#endif /* FA_SM90A */
+
+extern __shared__ __align__(1024) uint8_t fa3_fp8_smem[];
+
+/* TO: the type of O (__nv_bfloat16 or __half). GENERAL: softcap, left window edges and varlen batches. QRS:
+ * Q K^T with Q from registers (fa3_fp8_qrs). */
+template <int D, typename TO, bool GENERAL, bool QRS>
+__global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
+    fa3_fp8_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                       const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ fa3_args a) {
+#if FA_SM90A
+    typedef fa3_fp8_cfg<D> C;
+    typedef typename C::Bars B;
+    constexpr int BN = FA3_FP8_BN, NWG = FA3_FP8_NWG;
+    uint8_t *smem = (uint8_t *)(((uintptr_t)fa3_fp8_smem + 1023) & ~(uintptr_t)1023);
+    const uint32_t s_q = hp_smem_addr(smem), s_k = s_q + C::kOffK, s_v = s_q + C::kOffV, s_vt = s_q + C::kOffVt;
+    const uint32_t bars = s_q + C::kOffBar;
+    const uint32_t bar_q_full = bars + B::kQFull, bar_q_empty = bars + B::kQEmpty;
+    const uint32_t bar_tile_full = bars + B::kTileFull, bar_tile_empty = bars + B::kTileEmpty;
+    volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
+    volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid);
+    const bool varlen = GENERAL && a.cu_q != nullptr;
+
+    const uint32_t bar_vt_empty = s_q + C::kOffVtEmpty;
+    if (threadIdx.x == 0) {
+        B::init(bars, false, 3, 3); /* V ready and V empty: one arrival per V^T writer warp */
+        for (int i = 0; i < FA3_STAGES; ++i) hp_mbar_init(bar_vt_empty + 8 * i, 4 * NWG);
+        hp_fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        hp_setmaxnreg_dec<C::kRegsProducer>();
+        if (threadIdx.x == 0)
+            fa3_producer<D, BN, NWG, GENERAL, 1>(a, tm_q, tm_k, tm_v, smem, varlen);
+        else if (threadIdx.x >= 32)
+            fa3_fp8_vt_writer<D>(s_v, s_vt, bars + B::kVFull, bars + B::kVEmpty, bars + B::kVReady, bar_vt_empty,
+                                 v_valid);
+    } else {
+        hp_setmaxnreg_inc<C::kRegsConsumer>();
+        const int c = wg - 1;
+        const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+        fa3_fp8_qop<D, QRS> q;
+        q.desc = hp_desc_sw128(s_q + c * C::kQBytes, 16, 1024);
+        const fa3_fp8_ring r = { s_k, s_vt, bars + B::kKFull, bars + B::kKEmpty, bars + B::kVReady, bar_vt_empty };
+        int kv = 0, q_uses = 0;
+        for (int k = 0;; ++k) {
+            const int slot = fa3_pipe<2>::stage(k);
+            hp_mbar_wait(bar_tile_full + 8 * slot, fa3_pipe<2>::phase(k));
+            const int tile = __shfl_sync(0xffffffffu, lane == 0 ? tile_ids[slot] : 0, 0);
+            fa3_release(bar_tile_empty + 8 * slot, lane);
+            if (tile >= a.num_tiles) break;
+            fa3_tile g;
+            if (!fa3_sched::tile_get<C::kBlockM, BN, false, GENERAL, false>(a, tile, g)) continue;
+            const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4;
+            const int nb = g.nblocks;
+            const fa3_mask_info mi = fa3_mask_info_make<BN, GENERAL, false>(a, g, c);
+            const fa3_fp8_scale sc = fa3_fp8_scale_make(a, g);
+
+            float o[D / 2];
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+            float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
+            if (nb > 0) {
+                float s[BN / 2];
+                uint32_t p[BN / 8];
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+                fa3_pp_first_turn<true, NWG>(c);
+                hp_mbar_wait(bar_q_full + 8 * c, fa3_pipe<1>::phase(q_uses));
+                if constexpr (QRS) {
+                    fa3_fp8_load_q_frag<D>(q.frag, s_q + c * C::kQBytes, warp, lane);
+                    __syncwarp();
+                    fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
+                }
+                fa3_fp8_tile<D, QRS, GENERAL>(nb, kv, r, q, s, o, p, m, l, a, sc, mi, g.n_min, row0, lane, c,
+                                              bar_q_empty + 8 * c);
+                kv += nb;
+                ++q_uses;
+            }
+            const int seq_row0 = row0 - g.shift;
+            float inv[2], lse[2];
+            fa3_fp8_finalize<D>(o, l, m, inv, lse, a, g, sc, seq_row0);
+            if (a.lse != nullptr && lane % 4 == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
+            fa3_o_to_global<D, TO>(o, inv, a, g, seq_row0, lane % 4);
+        }
+    }
+#endif /* FA_SM90A */
+}
+
+/* Launches the e4m3 kernel of head dim D on the persistent grid; out_bf16: O in bf16, else f16. */
+template <int D, bool OUT_BF16, bool GENERAL>
+static fa_status fa3_fp8_launch(const fa3_problem *pr, cudaStream_t stream) {
+    typedef fa3_fp8_cfg<D> C;
+    void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
+        fa3_fp8_fwd_kernel<D, typename fa3_elem<OUT_BF16>::type, GENERAL, fa3_fp8_qrs(D)>;
+    cudaError_t err =
+        cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+    if (err != cudaSuccess) return fa_cuda_status(err, "fa3 e4m3 forward: setting the shared-memory size");
+    kernel<<<pr->grid, C::kThreads, C::kSmemBytes, stream>>>(pr->tm_q, pr->tm_k, pr->tm_v, pr->args);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return fa_cuda_status(err, "fa3 e4m3 forward launch");
+    return FA_OK;
+}
+
+template <int D>
+static fa_status fa3_fp8_run(const fa3_problem *pr, int out_bf16, cudaStream_t stream) {
+    const bool general = fa3_needs_general(&pr->args);
+    if (out_bf16)
+        return general ? fa3_fp8_launch<D, true, true>(pr, stream) : fa3_fp8_launch<D, true, false>(pr, stream);
+    return general ? fa3_fp8_launch<D, false, true>(pr, stream) : fa3_fp8_launch<D, false, false>(pr, stream);
+}
+
+#endif /* FLASHATTN_CUDA_FA3_FP8_FWD_CUH */
