@@ -57,50 +57,67 @@ static __device__ __forceinline__ void fa3_fp8_pack_p(const float (&s)[BN / 2], 
 }
 
 /* V (BN = 128 keys x D bytes, [D / 128 slabs][128 rows][128 B]) into V^T ([D rows][128 B], keys at
- * fa3_fp8_key_pos), by NT threads (thread t < NT, whole warps). A thread moves 4 x 4-byte blocks: the four keys
- * that land on four consecutive V^T bytes (32c + 16h + 2q + {0, 1, 8, 9}, kg = 8c + 4h + q) times four head-dim
- * bytes n0..n0 + 3, read as four words, transposed by byte permutes, written as four words. A warp takes q from
- * lane bits 0-1 and n0 / 4 mod 8 from lane bits 2-4, and writes its four rows starting at row n0 + (n0 / 8 mod 4)
- * (the words rotated to match): then each of the four reads and four writes of the warp hits 32 different banks
- * (the swizzle XORs the 16-byte chunk with the row), where 4 lanes on consecutive rows of one key group made the
- * writes 16-way conflicts. Keys from `valid` on are written as zeros (rows past a varlen sequence hold the next
- * one's values, NaN bytes among them, and a zero P times NaN is NaN). The caller orders the reads after V's
+ * fa3_fp8_key_pos), by warp W of NW. A lane moves 4 x 4-byte blocks: the four keys that land on four consecutive
+ * V^T bytes (32c + 16h + 2q + {0, 1, 8, 9}, key group 8c + 4h + q) times four head-dim bytes n0..n0 + 3, read as
+ * four words, transposed by byte permutes, written as four words. The lane's q is lane bits 0-1 and n0 / 4 mod 8
+ * lane bits 2-4, and it writes its four rows from row n0 + (n0 / 8 mod 4) on (the words rotated to match): then
+ * each of a warp's four reads and four writes hits 32 different banks (the swizzle XORs the 16-byte chunk with
+ * the row). Every address is a per-lane base plus the task's offset, with one XOR for the swizzle. The caller
+ * orders the reads after V's
  * arrival and the writes before wgmma's reads (fence.proxy.async and a barrier). */
-template <int D, int NT = 128>
-static __device__ __forceinline__ void fa3_fp8_transpose_v(uint32_t s_v, uint32_t s_vt, int t, int valid = 128) {
-    constexpr int kBN = 128, kTasks = 8 * (D / 32), kWarps = NT / 32, kRounds = (kTasks + kWarps - 1) / kWarps;
-    static_assert(D % 128 == 0 && NT % 32 == 0, "e4m3 V tiles are whole 128-byte slabs; whole warps");
-    const int lane = t % 32, w = t / 32, q = lane & 3, cwl = lane >> 2;
-    const uint32_t rot = (cwl >> 1) & 3;
-#pragma unroll 2
-    for (int i = 0; i < kRounds; ++i) {
-        const int task = w + kWarps * i; /* (key groups 4 task % 8 .., column words 8 task / 8 ..) */
-        if (kTasks % kWarps != 0 && task >= kTasks) break;
-        const int kg = 4 * (task & 7) + q, n0 = 4 * (8 * (task >> 3) + cwl);
-        const int c = kg >> 3, h = (kg >> 2) & 1;
-        const int k0 = 32 * c + 16 * h + 2 * q; /* keys k0, k0 + 1, k0 + 8, k0 + 9 */
-        const uint32_t slab = s_v + (n0 >> 7) * (kBN * 128), col = n0 & 127;
+template <int D, int NW, int W>
+static __device__ __forceinline__ void fa3_fp8_transpose_v_warp(uint32_t s_v, uint32_t s_vt, int lane) {
+    constexpr int kTasks = 8 * (D / 32); /* (c, h) x 32-column groups */
+    const uint32_t q = lane & 3, cwl = lane >> 2, rot = (cwl >> 1) & 3;
+    /* reads: row 32c + 16h + 2q + off, chunk (column chunk) ^ (row % 8) = x[off % 2] ^ (2 (n0 / 32 mod 4)) */
+    const uint32_t ld = s_v + 256 * q + 4 * (cwl & 3);
+    const uint32_t x0 = ((cwl >> 2) ^ (2 * q)) << 4, x1 = ((cwl >> 2) ^ (2 * q + 1)) << 4;
+    /* writes: word e to row n0 + (e + rot) % 4 = 32 (task / 8) + r, chunk (2c + h) ^ (r % 8), byte 4q (the
+     * bases are recomputed per word: kept for all four, they spilled at head dim 256's 24 producer registers) */
+    const uint32_t st = s_vt + 4 * cwl * 128 + 4 * q, y = (cwl & 1) << 6;
+#pragma unroll 1
+    for (int task = W; task < kTasks; task += NW) {
+        const int c = (task & 7) >> 1, h = task & 1, cg = task >> 3; /* cg: which 32 columns */
+        const uint32_t cx = (cg & 3) << 5, a0 = ld + (x0 ^ cx), a1 = ld + (x1 ^ cx);
+        const int off = (cg >> 2) * (128 * 128) + (32 * c + 16 * h) * 128;
         uint32_t w0, w1, w2, w3;
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w0) : "r"(slab + fa3_sw128(k0, col)));
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w1) : "r"(slab + fa3_sw128(k0 + 1, col)));
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w2) : "r"(slab + fa3_sw128(k0 + 8, col)));
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w3) : "r"(slab + fa3_sw128(k0 + 9, col)));
-        /* zero past `valid`; rotated by rot bytes, so that out[s] below is head-dim byte (s + rot) % 4 of the keys */
-        w0 = k0 < valid ? __funnelshift_r(w0, w0, 8 * rot) : 0u;
-        w1 = k0 + 1 < valid ? __funnelshift_r(w1, w1, 8 * rot) : 0u;
-        w2 = k0 + 8 < valid ? __funnelshift_r(w2, w2, 8 * rot) : 0u;
-        w3 = k0 + 9 < valid ? __funnelshift_r(w3, w3, 8 * rot) : 0u;
-        /* 4 x 4 byte transpose: out[s] holds byte s of w0, w1, w2, w3 */
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w0) : "r"(a0 + off));
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w1) : "r"(a1 + off + 128));
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w2) : "r"(a0 + off + 8 * 128));
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w3) : "r"(a1 + off + 9 * 128));
+        /* rotated by rot bytes, so that out[e] below is head-dim byte (e + rot) % 4 of the four keys */
+        w0 = __funnelshift_r(w0, w0, 8 * rot);
+        w1 = __funnelshift_r(w1, w1, 8 * rot);
+        w2 = __funnelshift_r(w2, w2, 8 * rot);
+        w3 = __funnelshift_r(w3, w3, 8 * rot);
+        /* 4 x 4 byte transpose: out[e] holds byte e of w0, w1, w2, w3 */
         const uint32_t a_lo = __byte_perm(w0, w1, 0x5140), a_hi = __byte_perm(w0, w1, 0x7362);
         const uint32_t b_lo = __byte_perm(w2, w3, 0x5140), b_hi = __byte_perm(w2, w3, 0x7362);
         const uint32_t out[4] = { __byte_perm(a_lo, b_lo, 0x5410), __byte_perm(a_lo, b_lo, 0x7632),
                                   __byte_perm(a_hi, b_hi, 0x5410), __byte_perm(a_hi, b_hi, 0x7632) };
-        const int pos = 32 * c + 16 * h + 4 * q; /* fa3_fp8_key_pos(k0) */
+        const uint32_t px = (uint32_t)(2 * c + h) << 4;
 #pragma unroll
-        for (int s = 0; s < 4; ++s)
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(s_vt + fa3_sw128(n0 + ((s + rot) & 3), pos)), "r"(out[s])
+        for (int e = 0; e < 4; ++e) {
+            const uint32_t er = (e + rot) & 3;
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + er * 128 + ((y | er << 4) ^ px) + cg * 32 * 128),
+                         "r"(out[e])
                          : "memory");
+        }
     }
+}
+
+/* The transpose by NW warps (thread t < 32 NW). */
+template <int D, int NW = 4>
+static __device__ __forceinline__ void fa3_fp8_transpose_v(uint32_t s_v, uint32_t s_vt, int t) {
+    static_assert(D % 128 == 0 && NW >= 1 && NW <= 4, "e4m3 V tiles are whole 128-byte slabs; up to 4 warps");
+    const int w = t / 32, lane = t % 32;
+    if (w == 0) fa3_fp8_transpose_v_warp<D, NW, 0>(s_v, s_vt, lane);
+    if constexpr (NW > 1)
+        if (w == 1) fa3_fp8_transpose_v_warp<D, NW, 1>(s_v, s_vt, lane);
+    if constexpr (NW > 2)
+        if (w == 2) fa3_fp8_transpose_v_warp<D, NW, 2>(s_v, s_vt, lane);
+    if constexpr (NW > 3)
+        if (w == 3) fa3_fp8_transpose_v_warp<D, NW, 3>(s_v, s_vt, lane);
 }
 
 #endif /* FLASHATTN_CUDA_FA3_FP8_CUH */

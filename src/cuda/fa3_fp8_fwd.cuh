@@ -27,6 +27,8 @@
 #include "cuda/fa3_fwd.cuh"
 
 enum { FA3_FP8_BN = 128, FA3_FP8_NWG = 2 };
+/* Named barrier of the V^T writer's three warps, after the ping-pong ones */
+#define FA3_FP8_BAR_ZERO (FA3_BAR_PINGPONG + FA3_FP8_NWG)
 
 /* Q K^T with Q from registers: head dim 128 (16 more registers; at 256, 32 more do not fit beside O and S). */
 #ifndef FA3_FP8_QRS
@@ -39,35 +41,50 @@ static __host__ __device__ constexpr bool fa3_fp8_qrs(int d) {
 template <int D>
 struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
     typedef fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> Base;
-    /* V^T empty, per stage, after the shared barrier area (8-byte aligned) */
-    static constexpr int kOffVtEmpty = (Base::kOffBar + Base::kBarBytes + 7) / 8 * 8;
-    static constexpr int kSmemBytes = kOffVtEmpty + 8 * FA3_STAGES + 1024;
+    static constexpr int kVtStages = Base::kVtStages;
+    /* V^T ready and V^T empty, per V^T stage, after the shared barrier area (8-byte aligned) */
+    static constexpr int kOffVtReady = (Base::kOffBar + Base::kBarBytes + 7) / 8 * 8;
+    static constexpr int kOffVtEmpty = kOffVtReady + 8 * kVtStages;
+    static constexpr int kSmemBytes = kOffVtEmpty + 8 * kVtStages + 1024;
     static_assert(kSmemBytes <= 232448, "e4m3 tiles fit in shared memory");
     static_assert(D == 128 || D == 256, "e4m3 head dims");
 };
 
-/* Warps 1-3 of the producer warpgroup: every V block in ring order into its V^T stage (fa3_fp8_transpose_v),
- * once the consumers have released that stage's previous V^T; then V empty and V ready (one arrival per warp
- * each). The producer ends the ring with a V full phase whose valid count is -1. */
+/* Warps 1-3 of the producer warpgroup: every V block in ring order into its V^T stage (fa3_fp8_transpose_v;
+ * the V^T ring has stages of its own, kVtStages), once the consumers have released that stage's previous V^T;
+ * then V empty and V^T ready (one arrival per warp each). The rows of a V block past its sequence are zeroed
+ * first (they hold the next sequence's values, NaN bytes among them, and a zero P times NaN is NaN). The
+ * producer ends the ring with a V full phase whose valid count is -1. */
 template <int D>
 static __device__ __forceinline__ void fa3_fp8_vt_writer(uint32_t s_v, uint32_t s_vt, uint32_t bar_v_full,
-                                                         uint32_t bar_v_empty, uint32_t bar_v_ready,
+                                                         uint32_t bar_v_empty, uint32_t bar_vt_ready,
                                                          uint32_t bar_vt_empty, volatile const int *v_valid) {
     typedef fa3_fp8_cfg<D> C;
     typedef fa3_pipe<FA3_STAGES> P;
+    typedef fa3_pipe<C::kVtStages> PT;
     const int t = threadIdx.x - 32, lane = threadIdx.x % 32;
     for (int j = 0;; ++j) {
-        const int st = P::stage(j);
+        const int st = P::stage(j), vst = PT::stage(j);
         hp_mbar_wait(bar_v_full + 8 * st, P::phase(j));
         const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0);
         if (valid < 0) break;
-        hp_mbar_wait(bar_vt_empty + 8 * st, P::empty_phase(j));
-        fa3_fp8_transpose_v<D, 96>(s_v + st * C::kKVBytes, s_vt + st * C::kKVBytes, t, valid);
+        const uint32_t v = s_v + st * C::kKVBytes;
+        if (valid < FA3_FP8_BN) {
+            const int per_slab = (FA3_FP8_BN - valid) * 8; /* 16-byte chunks of the dead rows of one slab */
+            for (int x = t; x < per_slab * (D / 128); x += 96) {
+                const int slab = x / per_slab, rem = x - slab * per_slab;
+                const uint32_t addr = v + slab * (FA3_FP8_BN * 128) + (valid + rem / 8) * 128 + (rem % 8) * 16;
+                asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
+            }
+            hp_bar_sync(FA3_FP8_BAR_ZERO, 96);
+        }
+        hp_mbar_wait(bar_vt_empty + 8 * vst, PT::empty_phase(j));
+        fa3_fp8_transpose_v<D, 3>(v, s_vt + vst * C::kKVBytes, t);
         hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote, and TMA refills V */
         __syncwarp();
         if (lane == 0) {
             hp_mbar_arrive(bar_v_empty + 8 * st);
-            hp_mbar_arrive(bar_v_ready + 8 * st);
+            hp_mbar_arrive(bar_vt_ready + 8 * vst);
         }
     }
 }
@@ -193,7 +210,7 @@ static __device__ __forceinline__ bool fa3_fp8_scores(float (&s)[FA3_FP8_BN / 2]
  * back to it. */
 struct fa3_fp8_ring {
     uint32_t s_k, s_vt;
-    uint32_t k_full, k_empty, v_ready, vt_empty;
+    uint32_t k_full, k_empty, vt_ready, vt_empty;
 };
 
 /* A tile's key blocks, overlapped: block 0's Q K^T and softmax; then per block i its Q K^T and P(i - 1) V(i - 1)
@@ -205,6 +222,7 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
              const fa3_fp8_scale &sc, const fa3_mask_info &mi, int n_min, int row0, int lane, int c, uint32_t q_empty) {
     constexpr int NWG = FA3_FP8_NWG, kKV = fa3_fp8_cfg<D>::kKVBytes;
     typedef fa3_pipe<FA3_STAGES> P;
+    typedef fa3_pipe<fa3_fp8_cfg<D>::kVtStages> PT;
     const int quad = lane % 4;
     float factor[2];
     {
@@ -224,10 +242,10 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
 #pragma unroll 1
     for (int i = 1; i < nb; ++i) {
         const int j = kv + i; /* K(i); V(i - 1) is use j - 1 */
-        const int st = P::stage(j), sp = P::stage(j - 1);
+        const int st = P::stage(j), sp = PT::stage(j - 1);
         fa3_pp_sync<true>(c);
         fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
-        hp_mbar_wait(r.v_ready + 8 * sp, P::phase(j - 1));
+        hp_mbar_wait(r.vt_ready + 8 * sp, PT::phase(j - 1));
         fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sp * kKV, 16, 1024));
         fa3_pp_arrive<true, NWG>(c, false);
         hp_wgmma_wait<1>();
@@ -244,8 +262,8 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
     }
     /* every Q K^T of the tile has completed: the next tile's Q may land (QRS: released once loaded) */
     if (!QRS) fa3_release(q_empty, lane);
-    const int jl = kv + nb - 1, sl = P::stage(jl);
-    hp_mbar_wait(r.v_ready + 8 * sl, P::phase(jl));
+    const int jl = kv + nb - 1, sl = PT::stage(jl);
+    hp_mbar_wait(r.vt_ready + 8 * sl, PT::phase(jl));
     fa3_pp_sync<true>(c);
     fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sl * kKV, 16, 1024));
     fa3_pp_arrive<true, NWG>(c, true);
@@ -304,10 +322,13 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
     volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid);
     const bool varlen = GENERAL && a.cu_q != nullptr;
 
-    const uint32_t bar_vt_empty = s_q + C::kOffVtEmpty;
+    const uint32_t bar_vt_ready = s_q + C::kOffVtReady, bar_vt_empty = s_q + C::kOffVtEmpty;
     if (threadIdx.x == 0) {
-        B::init(bars, false, 3, 3); /* V ready and V empty: one arrival per V^T writer warp */
-        for (int i = 0; i < FA3_STAGES; ++i) hp_mbar_init(bar_vt_empty + 8 * i, 4 * NWG);
+        B::init(bars, false, 1, 3); /* V empty: one arrival per V^T writer warp */
+        for (int i = 0; i < C::kVtStages; ++i) {
+            hp_mbar_init(bar_vt_ready + 8 * i, 3);
+            hp_mbar_init(bar_vt_empty + 8 * i, 4 * NWG);
+        }
         hp_fence_barrier_init();
     }
     __syncthreads();
@@ -318,15 +339,14 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
         if (threadIdx.x == 0)
             fa3_producer<D, BN, NWG, GENERAL, 1>(a, tm_q, tm_k, tm_v, smem, varlen);
         else if (threadIdx.x >= 32)
-            fa3_fp8_vt_writer<D>(s_v, s_vt, bars + B::kVFull, bars + B::kVEmpty, bars + B::kVReady, bar_vt_empty,
-                                 v_valid);
+            fa3_fp8_vt_writer<D>(s_v, s_vt, bars + B::kVFull, bars + B::kVEmpty, bar_vt_ready, bar_vt_empty, v_valid);
     } else {
         hp_setmaxnreg_inc<C::kRegsConsumer>();
         const int c = wg - 1;
         const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
         fa3_fp8_qop<D, QRS> q;
         q.desc = hp_desc_sw128(s_q + c * C::kQBytes, 16, 1024);
-        const fa3_fp8_ring r = { s_k, s_vt, bars + B::kKFull, bars + B::kKEmpty, bars + B::kVReady, bar_vt_empty };
+        const fa3_fp8_ring r = { s_k, s_vt, bars + B::kKFull, bars + B::kKEmpty, bar_vt_ready, bar_vt_empty };
         int kv = 0, q_uses = 0;
         for (int k = 0;; ++k) {
             const int slot = fa3_pipe<2>::stage(k);

@@ -268,7 +268,9 @@ struct fa3_cfg {
     static constexpr int kOffK = NWG * kQBytes;
     static constexpr int kOffV = kOffK + FA3_STAGES * kKVBytes;
     static constexpr int kOffVt = kOffV + FA3_STAGES * kKVBytes;
-    static constexpr int kOffO = kOffVt + (EB == 1 ? FA3_STAGES * kKVBytes : 0);
+    /* e4m3: three V^T stages where they fit (head dim 128), else two (fa3_fp8_fwd.cuh) */
+    static constexpr int kVtStages = EB == 1 ? (kOffVt + 3 * kKVBytes + kBarBytes + 1024 + 64 <= 232448 ? 3 : 2) : 0;
+    static constexpr int kOffO = kOffVt + kVtStages * kKVBytes;
     static constexpr bool kSeparateO = EB == 2 && kOffO + NWG * kQBytes + kBarBytes + 1024 <= 232448;
     static constexpr int kOffBar = kOffO + (kSeparateO ? NWG * kQBytes : 0);
     static constexpr int kSmemBytes = kOffBar + kBarBytes + 1024;
