@@ -40,7 +40,7 @@ bench() { # dtype head_dim heads seqlen [causal]
     timeout 60 $F bench --backend cuda --dtype "$1" --head-dim "$2" --heads "$3" --batch 1 --seqlen "$4" ${5:-} \
         2>&1 | grep " fwd " | tail -1 | sed "s/^/$1 d$2 h$3 s$4 ${5:-}: /"
 }
-for s in 4096 8192 16384; do
+for s in 1024 4096 8192 16384; do
     bench bf16 128 16 $s
     bench e4m3 128 16 $s
 done
@@ -51,9 +51,18 @@ for s in 4096 16384; do
     bench e4m3 256 8 $s
 done
 [ "${1:-}" = variants ] || exit 0
-# Q K^T with Q from shared memory at head dim 128 (FA3_FP8_QRS=0), against the default above
-make -j16 BUILD=build-sq FA_HDIMS="128" FA_CUDA_ARCHS=90a NVCC_FLAGS="-O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden \
--Iinclude -Isrc --threads 0 -DFA3_FP8_QRS=0" build-sq/flashattn >"$OUT/build-sq.log" 2>&1 || { tail -5 "$OUT/build-sq.log"; exit 1; }
-F=build-sq/flashattn
+# without the ping-pong between the consumer warpgroups (FA3_FP8_PINGPONG=0), against the default above
+make -j16 BUILD=build-var FA_HDIMS="128 256" FA_CUDA_ARCHS=90a NVCC_FLAGS="-O3 -std=c++17 -Xcompiler \
+-fPIC,-fvisibility=hidden -Iinclude -Isrc --threads 0 -DFA3_FP8_PINGPONG=0" build-var/flashattn >"$OUT/build-var.log" 2>&1 ||
+    { tail -5 "$OUT/build-var.log"; exit 1; }
+F=build-var/flashattn
 check 30 --head-dim 128 --seqlen-q 1000 --seqlen-k 1300 --batch 2 --heads 8 --heads-kv 2 --causal
-for s in 4096 16384; do bench e4m3 128 16 $s | sed 's/^/Q from smem: /'; done
+check 30 --head-dim 256 --seqlen 900 --batch 2 --heads 4 --heads-kv 1 --causal
+for s in 4096 16384; do
+    bench e4m3 128 16 $s | sed 's/^/no ping-pong: /'
+    bench e4m3 256 8 $s | sed 's/^/no ping-pong: /'
+done
+echo "== test_backends -b cuda --quick (every CUDA case)"
+timeout 240 build/tests/test_backends -b cuda --quick >"$OUT/tests-all.log" 2>&1
+echo "rc $?"
+grep -E "^FAIL|^summary|passed" "$OUT/tests-all.log" | tail -8

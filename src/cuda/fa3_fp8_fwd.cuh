@@ -37,6 +37,11 @@ enum { FA3_FP8_BN = 128, FA3_FP8_NWG = 2 };
 static __host__ __device__ constexpr bool fa3_fp8_qrs(int d) {
     return FA3_FP8_QRS && d == 128;
 }
+/* Ping-pong between the two consumer warpgroups (FA3_FP8_PINGPONG=0 drops it, for measuring). */
+#ifndef FA3_FP8_PINGPONG
+#define FA3_FP8_PINGPONG 1
+#endif
+constexpr bool kFp8PingPong = FA3_FP8_PINGPONG != 0;
 
 template <int D>
 struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
@@ -228,9 +233,9 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
     {
         const int st0 = P::stage(kv);
         hp_mbar_wait(r.k_full + 8 * st0, P::phase(kv));
-        fa3_pp_sync<true>(c);
+        fa3_pp_sync<kFp8PingPong>(c);
         fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
-        fa3_pp_arrive<true, NWG>(c, false);
+        fa3_pp_arrive<kFp8PingPong, NWG>(c, false);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < FA3_FP8_BN / 2; ++i) hp_fence_reg(s[i]);
@@ -243,11 +248,11 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
     for (int i = 1; i < nb; ++i) {
         const int j = kv + i; /* K(i); V(i - 1) is use j - 1 */
         const int st = P::stage(j), sp = PT::stage(j - 1);
-        fa3_pp_sync<true>(c);
+        fa3_pp_sync<kFp8PingPong>(c);
         fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
         hp_mbar_wait(r.vt_ready + 8 * sp, PT::phase(j - 1));
         fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sp * kKV, 16, 1024));
-        fa3_pp_arrive<true, NWG>(c, false);
+        fa3_pp_arrive<kFp8PingPong, NWG>(c, false);
         hp_wgmma_wait<1>();
 #pragma unroll
         for (int jj = 0; jj < FA3_FP8_BN / 2; ++jj) hp_fence_reg(s[jj]);
@@ -264,9 +269,9 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
     if (!QRS) fa3_release(q_empty, lane);
     const int jl = kv + nb - 1, sl = PT::stage(jl);
     hp_mbar_wait(r.vt_ready + 8 * sl, PT::phase(jl));
-    fa3_pp_sync<true>(c);
+    fa3_pp_sync<kFp8PingPong>(c);
     fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sl * kKV, 16, 1024));
-    fa3_pp_arrive<true, NWG>(c, true);
+    fa3_pp_arrive<kFp8PingPong, NWG>(c, true);
     hp_wgmma_wait<0>();
     fa3_fp8_pv_done<D>(o, p);
     fa3_release(r.vt_empty + 8 * sl, lane);
@@ -370,7 +375,7 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
                 uint32_t p[BN / 8];
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-                fa3_pp_first_turn<true, NWG>(c);
+                fa3_pp_first_turn<kFp8PingPong, NWG>(c);
                 hp_mbar_wait(bar_q_full + 8 * c, fa3_pipe<1>::phase(q_uses));
                 if constexpr (QRS) {
                     fa3_fp8_load_q_frag<D>(q.frag, s_q + c * C::kQBytes, warp, lane);
