@@ -17,8 +17,9 @@
  *   - O (bf16 or f16, out_dtype) is written from registers to global memory (the V^T stages take the shared
  *     memory that the 16-bit kernel gives O's tiles).
  * Two consumer warpgroups of 64 rows, 128-key blocks, the intra-warpgroup overlap (Q K(i)^T and P(i - 1) V(i - 1)
- * issued together, the softmax of S(i) under the P V) and ping-pong, every block in the general step (ring
- * stages at run time). Per-block descales (descale_block_q/k) are refused on the host (fa3_fwd.cu).
+ * issued together, the softmax of S(i) under the P V), ping-pong and Q from registers at head dim 128 only
+ * (fa3_fp8_pingpong, fa3_fp8_qrs), every block in the general step (ring stages at run time). Per-block
+ * descales (descale_block_q/k) are refused on the host (fa3_fwd.cu).
  */
 #ifndef FLASHATTN_CUDA_FA3_FP8_FWD_CUH
 #define FLASHATTN_CUDA_FA3_FP8_FWD_CUH
@@ -37,11 +38,14 @@ enum { FA3_FP8_BN = 128, FA3_FP8_NWG = 2 };
 static __host__ __device__ constexpr bool fa3_fp8_qrs(int d) {
     return FA3_FP8_QRS && d == 128;
 }
-/* Ping-pong between the two consumer warpgroups (FA3_FP8_PINGPONG=0 drops it, for measuring). */
+/* Ping-pong between the two consumer warpgroups: head dim 128 only (H200 16k: 742 against 723 TFLOP/s without;
+ * at 256, 669 against 689 without). FA3_FP8_PINGPONG=0 drops it everywhere, for measuring. */
 #ifndef FA3_FP8_PINGPONG
 #define FA3_FP8_PINGPONG 1
 #endif
-constexpr bool kFp8PingPong = FA3_FP8_PINGPONG != 0;
+static __host__ __device__ constexpr bool fa3_fp8_pingpong(int d) {
+    return FA3_FP8_PINGPONG && d == 128;
+}
 
 template <int D>
 struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
@@ -233,9 +237,9 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
     {
         const int st0 = P::stage(kv);
         hp_mbar_wait(r.k_full + 8 * st0, P::phase(kv));
-        fa3_pp_sync<kFp8PingPong>(c);
+        fa3_pp_sync<fa3_fp8_pingpong(D)>(c);
         fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
-        fa3_pp_arrive<kFp8PingPong, NWG>(c, false);
+        fa3_pp_arrive<fa3_fp8_pingpong(D), NWG>(c, false);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < FA3_FP8_BN / 2; ++i) hp_fence_reg(s[i]);
@@ -248,11 +252,11 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
     for (int i = 1; i < nb; ++i) {
         const int j = kv + i; /* K(i); V(i - 1) is use j - 1 */
         const int st = P::stage(j), sp = PT::stage(j - 1);
-        fa3_pp_sync<kFp8PingPong>(c);
+        fa3_pp_sync<fa3_fp8_pingpong(D)>(c);
         fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
         hp_mbar_wait(r.vt_ready + 8 * sp, PT::phase(j - 1));
         fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sp * kKV, 16, 1024));
-        fa3_pp_arrive<kFp8PingPong, NWG>(c, false);
+        fa3_pp_arrive<fa3_fp8_pingpong(D), NWG>(c, false);
         hp_wgmma_wait<1>();
 #pragma unroll
         for (int jj = 0; jj < FA3_FP8_BN / 2; ++jj) hp_fence_reg(s[jj]);
@@ -269,9 +273,9 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
     if (!QRS) fa3_release(q_empty, lane);
     const int jl = kv + nb - 1, sl = PT::stage(jl);
     hp_mbar_wait(r.vt_ready + 8 * sl, PT::phase(jl));
-    fa3_pp_sync<kFp8PingPong>(c);
+    fa3_pp_sync<fa3_fp8_pingpong(D)>(c);
     fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sl * kKV, 16, 1024));
-    fa3_pp_arrive<kFp8PingPong, NWG>(c, true);
+    fa3_pp_arrive<fa3_fp8_pingpong(D), NWG>(c, true);
     hp_wgmma_wait<0>();
     fa3_fp8_pv_done<D>(o, p);
     fa3_release(r.vt_empty + 8 * sl, lane);
@@ -375,7 +379,7 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
                 uint32_t p[BN / 8];
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-                fa3_pp_first_turn<kFp8PingPong, NWG>(c);
+                fa3_pp_first_turn<fa3_fp8_pingpong(D), NWG>(c);
                 hp_mbar_wait(bar_q_full + 8 * c, fa3_pipe<1>::phase(q_uses));
                 if constexpr (QRS) {
                     fa3_fp8_load_q_frag<D>(q.frag, s_q + c * C::kQBytes, warp, lane);

@@ -300,7 +300,9 @@ static fa3_plan fa3_plan_make(const fa_params *p, const fa_cuda_device *dev) {
 /* The consumer schedule each head dim's launcher (fa3_fwd_hdim*.cu) runs in the default build. */
 static const char *schedule_words(const fa_params *p, const fa3_plan *pl) {
     if (p->dtype == FA_E4M3)
-        return "e4m3: intra-warpgroup overlap and ping-pong, V^T by the producer's warps 1-3, O from registers";
+        return p->head_dim == 128 ? "e4m3: intra-warpgroup overlap and ping-pong, Q K^T with Q from registers, V^T by "
+                                    "the producer's warps 1-3, O from registers"
+                                  : "e4m3: intra-warpgroup overlap, V^T by the producer's warps 1-3, O from registers";
     if (p->head_dim == 64 && pl->block_m == 128) return "intra-warpgroup overlap, Q K^T with Q from registers";
     if (p->head_dim == 128) return "intra-warpgroup overlap and ping-pong, Q K^T with Q from registers";
     return "intra-warpgroup overlap and ping-pong";
