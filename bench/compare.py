@@ -38,8 +38,8 @@ What it measures
               ours-bf16 on the same inputs in bf16, TFLOP/s; ceiling: the e4m3 GEMM 8192^3 (torch._scaled_mm) at
               the start and the end. Then the accuracy table: RMSE of O against fp64 attention on
               FlashAttention-3's outlier inputs (N(0, 1) + N(0, 100) * Bernoulli(0.001); b1 h2 s8192 d128) for
-              bf16 inputs and e4m3 with one descale per tensor, per (batch, head), per 64 rows, and per 64 rows
-              after the Hadamard rotation of q and k (flashattn.hadamard_rotate).
+              bf16 inputs and e4m3 with one descale per tensor, per (batch, head), per (batch, head) after the
+              Hadamard rotation of q and k (flashattn.hadamard_rotate), per 64 rows, per 64 rows after the rotation.
 
 The timer (the same for every implementation of a shape)
   CUDA events. --mode b2b (default): warm-up calls, then [L2 flush] start, N calls back to back, end;
@@ -866,6 +866,9 @@ class Runner:
             ("bf16 inputs", lambda: fa.flash_attn_func(*(t.to(torch.bfloat16) for t in f32))),
             ("e4m3, one descale per tensor", lambda: run_e4m3([per_tensor(t) for t in f32], 0)),
             ("e4m3, per (batch, head)", lambda: run_e4m3([fa.quantize_e4m3(t) for t in f32], 0)),
+            ("e4m3, per (batch, head) + Hadamard q, k", lambda: run_e4m3(
+                [fa.quantize_e4m3(fa.hadamard_rotate(f32[0], 7)), fa.quantize_e4m3(fa.hadamard_rotate(f32[1], 7)),
+                 fa.quantize_e4m3(f32[2])], 0)),
             ("e4m3, per 64 rows", lambda: run_e4m3([fa.quantize_e4m3(t, 64) for t in f32], 64)),
             ("e4m3, per 64 rows + Hadamard q, k", lambda: run_e4m3(
                 [fa.quantize_e4m3(fa.hadamard_rotate(f32[0], 7), 64), fa.quantize_e4m3(fa.hadamard_rotate(f32[1], 7), 64),

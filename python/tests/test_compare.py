@@ -295,7 +295,7 @@ def test_cpu_quick_run_end_to_end(tmp_path):
     # the FP8 set: e4m3 against bf16 on the same inputs, and the accuracy table (fp64 reference) after it
     assert {r["impl"] for r in recs if r["set"] == "fp8"} == {"ours", "ours-bf16"}
     acc = {row["variant"]: row["rmse"] for row in data["fp8_accuracy"]["rows"]}
-    assert len(acc) == 5 and all(x is not None and 0 < x < 0.1 for x in acc.values())
+    assert len(acc) == 6 and all(x is not None and 0 < x < 0.1 for x in acc.values())
     assert acc["bf16 inputs"] < acc["e4m3, per (batch, head)"]
     assert acc["e4m3, per 64 rows + Hadamard q, k"] < acc["e4m3, one descale per tensor"]
     # the summary table comes last, then the accuracy table

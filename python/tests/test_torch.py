@@ -567,10 +567,34 @@ def test_fp8_incoherent_processing_lowers_the_error():
 
 
 @needs_cuda
-def test_fp8_cuda_not_yet():
+@pytest.mark.parametrize("d,causal", [(128, False), (128, True), (256, False)])
+def test_fp8_cuda_matches_dequantized(d, causal):
+    """The Hopper e4m3 kernel (where the device has one) against the CPU backend's fp32 forward on the dequantized
+    inputs: P is rounded to e4m3 and the tensor cores sum with fewer bits, so the bound is a few e4m3 units of P's
+    share of O, not bf16's."""
+    g = torch.Generator().manual_seed(16)
+    q, k, v = (torch.randn(2, n, h, d, generator=g) * 2 for n, h in ((300, 4), (333, 2), (333, 2)))
+    (q8, qd), (k8, kd), (v8, vd) = (_quantize_e4m3(t) for t in (q, k, v))
+    ref = flash_attn_func(_dequantize(q8, qd), _dequantize(k8, kd), _dequantize(v8, vd), causal=causal)
+    try:
+        out = flash_attn_func(q8.cuda(), k8.cuda(), v8.cuda(), causal=causal, q_descale=qd.cuda(),
+                              k_descale=kd.cuda(), v_descale=vd.cuda())
+    except flashattn.FlashAttnError as e:  # a GPU without the e4m3 kernel (not Hopper) says so
+        assert "e4m3" in str(e) and torch.cuda.get_device_capability() != (9, 0), str(e)
+        return
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert max_err(out.float().cpu(), ref) <= 2.0**-4 * float(ref.abs().max())
+
+
+@needs_cuda
+def test_fp8_cuda_refusals_name_the_cause():
     q8, k8, v8 = (torch.randn(1, 16, 2, 64, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
-    with pytest.raises(flashattn.FlashAttnError, match="e4m3"):
+    with pytest.raises(flashattn.FlashAttnError, match="e4m3"):  # head dim 64: no e4m3 kernel
         flash_attn_func(q8, k8, v8)
+    q8, k8, v8 = (torch.randn(1, 32, 2, 128, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
+    ds = torch.ones(1, 2, 4, device="cuda")
+    with pytest.raises(flashattn.FlashAttnError, match="descale_block"):  # per-block descales: the CPU has them
+        flash_attn_func(q8, k8, v8, q_descale=ds, k_descale=ds, v_descale=ds, descale_block=8)
 
 
 # ---------------------------------------------------------------------------------------------------------
