@@ -47,6 +47,9 @@ def header(meta, ceilings, tree):
     if start.get("gemm_tflops"):
         ceil.append("bf16 GEMM 8192^3 %s / %s TFLOP/s at the start / end" % (fmt(start["gemm_tflops"]),
                                                                            fmt(end.get("gemm_tflops"))))
+    if start.get("gemm_e4m3_tflops"):
+        ceil.append("e4m3 GEMM 8192^3 %s / %s TFLOP/s" % (fmt(start["gemm_e4m3_tflops"]),
+                                                         fmt(end.get("gemm_e4m3_tflops"))))
     if start.get("copy_tbps"):
         ceil.append("device copy %.2f TB/s" % start["copy_tbps"])
     return "Measured by `bench/compare.py` on %s; %s%s." % (", ".join(parts), timer,
@@ -92,6 +95,14 @@ def tables(data, tree=None):
             out.append("")
             out.append("Geometric means of the ratios over the set's %d shapes: %s." % (
                 len({s for s, _ in seen}), "; ".join(means)))
+        e4m3 = data.get("ceilings", {}).get("start", {}).get("gemm_e4m3_tflops")
+        if set_name == "fp8" and e4m3:
+            cells = ["%s %.2f" % (r["shape"], r["median"] / e4m3) for r in srecs
+                     if r["impl"] == "ours" and r["median"] is not None]
+            if cells:
+                out.append("")
+                out.append("flashattn e4m3 / the e4m3 GEMM ceiling at the start (%s TFLOP/s): %s." % (fmt(e4m3),
+                                                                                                ", ".join(cells)))
         out.append("")
     acc = data.get("fp8_accuracy")
     if acc:
