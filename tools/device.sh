@@ -120,6 +120,10 @@ part_sanitize() {
     # (6 (kv head, batch) pairs: one chunk of 4 in deterministic mode's launch order, then one of 2)
     matrix+=("--backend cuda --kernel fa3 --bwd --deterministic --dtype bf16 --batch 3 --seqlen 300 --heads 4 \
 --heads-kv 2 --head-dim 64 --varlen")
+    # the e4m3 forward (V^T written by the producer's warps into a ring of its own; varlen zeroes rows past a sequence)
+    matrix+=("--backend cuda --kernel fa3 --dtype e4m3 --batch 2 --seqlen-q 200 --seqlen-k 333 --heads 4 --heads-kv 2 \
+--head-dim 128 --causal")
+    matrix+=("--backend cuda --kernel fa3 --dtype e4m3 --batch 3 --seqlen 150 --heads 2 --head-dim 256 --varlen --window 40,7")
     matrix+=("--decode --backend cuda --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seqlen-k 300 --head-dim 128 \
 --page-size 16 --new 1 --rotary-dim 64")
     matrix+=("--decode --backend cuda --dtype f16 --batch 3 --heads 6 --heads-kv 2 --seqlen-k 300 --head-dim 192 \

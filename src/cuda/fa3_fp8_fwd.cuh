@@ -281,33 +281,6 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
     fa3_release(r.vt_empty + 8 * sl, lane);
 }
 
-/* fa3_finalize with the tile's scale: 1 / l times v's descale, the LSE from the tile's scale_log2. */
-template <int D>
-static __device__ __forceinline__ void fa3_fp8_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
-                                                        float (&inv)[2], float (&lse)[2], const fa3_args &a,
-                                                        const fa3_tile &g, const fa3_fp8_scale &sc, int seq_row0) {
-    bool empty_row[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-        empty_row[hh] = g.len_k == 0 ||
-                        (a.window_right >= 0 && (long long)seq_row0 + 8 * hh + g.len_k - g.len_q + a.window_right < 0);
-    if (__any_sync(0xffffffffu, empty_row[0] || empty_row[1])) {
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i)
-            if (empty_row[(i >> 1) & 1]) o[i] = 0.0f;
-    }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
-        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-        const bool empty = empty_row[hh];
-        inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? sc.v / l[hh] : NAN;
-        lse[hh] = empty          ? -INFINITY
-                  : l[hh] > 0.0f ? (m[hh] * sc.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
-                                 : NAN;
-    }
-}
-
 #endif /* FA_SM90A */
 
 extern __shared__ __align__(1024) uint8_t fa3_fp8_smem[];
@@ -393,7 +366,7 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
             }
             const int seq_row0 = row0 - g.shift;
             float inv[2], lse[2];
-            fa3_fp8_finalize<D>(o, l, m, inv, lse, a, g, sc, seq_row0);
+            fa3_finalize<D>(o, l, m, inv, lse, a, g, seq_row0, sc.scale_log2, sc.v);
             if (a.lse != nullptr && lane % 4 == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
             fa3_o_to_global<D, TO>(o, inv, a, g, seq_row0, lane % 4);
         }

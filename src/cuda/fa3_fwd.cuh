@@ -1354,11 +1354,12 @@ fa3_plain_tile(int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[B
  * (natural log). A row the mask leaves no key (none at all, or the window's right edge before key 0; its left
  * edge never passes the last key, where the last row sits) gets O = 0, not O / l (a masked key's 0 times a NaN in
  * V reaches it), and LSE = -inf; a row that sees keys but whose sum is not positive (NaN after a NaN or +inf
- * score, 0 when every visible score is -inf) is NaN. seq_row0: the thread's first row in the sequence. */
+ * score, 0 when every visible score is -inf) is NaN. seq_row0: the thread's first row in the sequence. The e4m3
+ * kernel passes its tile's scale_log2 (q and k descales folded in) and v's descale, which multiplies 1 / l. */
 template <int D>
-static __device__ __forceinline__ void fa3_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2],
-                                                    float (&inv)[2], float (&lse)[2], const fa3_args &a,
-                                                    const fa3_tile &g, int seq_row0) {
+static __device__ __forceinline__ void
+fa3_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2], float (&inv)[2], float (&lse)[2], const fa3_args &a,
+             const fa3_tile &g, int seq_row0, float scale_log2, float v_descale = 1.0f) {
     bool empty_row[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
@@ -1375,10 +1376,8 @@ static __device__ __forceinline__ void fa3_finalize(float (&o)[D / 2], float (&l
         l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
         l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
         const bool empty = empty_row[hh];
-        inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? 1.0f / l[hh] : NAN;
-        lse[hh] = empty          ? -INFINITY
-                  : l[hh] > 0.0f ? (m[hh] * a.scale_log2 + __log2f(l[hh])) * 0.69314718055994531f
-                                 : NAN;
+        inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? v_descale / l[hh] : NAN;
+        lse[hh] = empty ? -INFINITY : l[hh] > 0.0f ? (m[hh] * scale_log2 + __log2f(l[hh])) * 0.69314718055994531f : NAN;
     }
 }
 
@@ -1703,7 +1702,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
             FA3_EV(FA3_EV_EPI, tile);
             const int seq_row0 = row0 - g.shift;
             float inv[2], lse[2];
-            fa3_finalize<D>(o, l, m, inv, lse, a, g, seq_row0);
+            fa3_finalize<D>(o, l, m, inv, lse, a, g, seq_row0, a.scale_log2);
             if (a.lse != nullptr && lane % 4 == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
             fa3_store_o<D, BN, NWG, T>(o, inv, a, g, tm_o, smem, nb, seq_row0, varlen, c, t, warp, lane);
             FA3_EV(FA3_EV_EPI_END, tile);
