@@ -61,9 +61,10 @@ struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
 
 /* Warps 1-3 of the producer warpgroup: every V block in ring order into its V^T stage (fa3_fp8_transpose_v;
  * the V^T ring has stages of its own, kVtStages), once the consumers have released that stage's previous V^T;
- * then V empty and V^T ready (one arrival per warp each). The rows of a V block past its sequence are zeroed
- * first (they hold the next sequence's values, NaN bytes among them, and a zero P times NaN is NaN). The
- * producer ends the ring with a V full phase whose valid count is -1. */
+ * then V empty (every writer thread, each after its own reads of V: what compute-sanitizer's racecheck follows;
+ * one arrival per warp after __syncwarp read as a hazard between warps) and V^T ready (one arrival per warp). The rows
+ * of a V block past its sequence are zeroed first (they hold the next sequence's values, NaN bytes among them, and a
+ * zero P times NaN is NaN). The producer ends the ring with a V full phase whose valid count is -1. */
 template <int D>
 static __device__ __forceinline__ void fa3_fp8_vt_writer(uint32_t s_v, uint32_t s_vt, uint32_t bar_v_full,
                                                          uint32_t bar_v_empty, uint32_t bar_vt_ready,
@@ -90,11 +91,9 @@ static __device__ __forceinline__ void fa3_fp8_vt_writer(uint32_t s_v, uint32_t 
         hp_mbar_wait(bar_vt_empty + 8 * vst, PT::empty_phase(j));
         fa3_fp8_transpose_v<D, 3>(v, s_vt + vst * C::kKVBytes, t);
         hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote, and TMA refills V */
+        hp_mbar_arrive(bar_v_empty + 8 * st);
         __syncwarp();
-        if (lane == 0) {
-            hp_mbar_arrive(bar_v_empty + 8 * st);
-            hp_mbar_arrive(bar_vt_ready + 8 * vst);
-        }
+        if (lane == 0) hp_mbar_arrive(bar_vt_ready + 8 * vst);
     }
 }
 
@@ -306,7 +305,7 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
 
     const uint32_t bar_vt_ready = s_q + C::kOffVtReady, bar_vt_empty = s_q + C::kOffVtEmpty;
     if (threadIdx.x == 0) {
-        B::init(bars, false, 1, 3); /* V empty: one arrival per V^T writer warp */
+        B::init(bars, false, 1, 96); /* V empty: every V^T writer thread */
         for (int i = 0; i < C::kVtStages; ++i) {
             hp_mbar_init(bar_vt_ready + 8 * i, 3);
             hp_mbar_init(bar_vt_empty + 8 * i, 4 * NWG);
