@@ -21,6 +21,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "cuda/common.cuh"
+
 /* Byte offset of (row, byte) in a tile of 128-byte rows with the 128-byte swizzle. */
 static __host__ __device__ __forceinline__ uint32_t fa3_sw128(uint32_t row, uint32_t byte) {
     return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
@@ -57,53 +59,37 @@ static __device__ __forceinline__ void fa3_fp8_pack_p(const float (&s)[BN / 2], 
 }
 
 /* V (BN = 128 keys x D bytes, [D / 128 slabs][128 rows][128 B]) into V^T ([D rows][128 B], keys at
- * fa3_fp8_key_pos), by warp W of NW. A lane moves 4 x 4-byte blocks: the four keys that land on four consecutive
- * V^T bytes (32c + 16h + 2q + {0, 1, 8, 9}, key group 8c + 4h + q) times four head-dim bytes n0..n0 + 3, read as
- * four words, transposed by byte permutes, written as four words. The lane's q is lane bits 0-1 and n0 / 4 mod 8
- * lane bits 2-4, and it writes its four rows from row n0 + (n0 / 8 mod 4) on (the words rotated to match): then
- * each of a warp's four reads and four writes hits 32 different banks (the swizzle XORs the 16-byte chunk with
- * the row). Every address is a per-lane base plus the task's offset, with one XOR for the swizzle. The caller
- * orders the reads after V's
- * arrival and the writes before wgmma's reads (fence.proxy.async and a barrier). */
+ * fa3_fp8_key_pos), by warp W of NW, one 16-key x 32-byte block (key group G, head-dim bytes 32 cg..) per task:
+ *   - ldmatrix .trans of four 8 x 8 16-bit matrices (keys 16 G + 8 (i % 2) + 0..7, head-dim bytes
+ *     32 cg + 16 (i / 2) + 0..15, matrix i = lane / 8): register i of lane (c = lane / 4, q = lane % 4) holds the
+ *     16-bit pair of bytes n = 2c, 2c + 1 of keys 2q, 2q + 1 of its matrix;
+ *   - byte permutes of registers 0, 1 (and 2, 3) pick bytes n = 2c (or 2c + 1) of keys 2q, 2q + 1, 8 + 2q,
+ *     9 + 2q: the four V^T bytes 16 G + 4q..4q + 3 of row n;
+ *   - stmatrix (no transpose) writes register i of lane c, q to bytes 4q.. of row c of matrix i: the 16 bytes at
+ *     16 G of V^T row n. Lanes c >= 4 swap their even and odd rows, so that each matrix's eight rows have eight
+ *     different n % 8 and hence, under the swizzle, eight different 16-byte chunks.
+ * The eight rows of each loaded matrix are consecutive keys, so eight chunks too: no bank conflicts. The caller
+ * orders the reads after V's arrival and the writes before wgmma's reads (fence.proxy.async and a barrier). */
 template <int D, int NW, int W>
 static __device__ __forceinline__ void fa3_fp8_transpose_v_warp(uint32_t s_v, uint32_t s_vt, int lane) {
-    constexpr int kTasks = 8 * (D / 32); /* (c, h) x 32-column groups */
-    const uint32_t q = lane & 3, cwl = lane >> 2, rot = (cwl >> 1) & 3;
-    /* reads: row 32c + 16h + 2q + off, chunk (column chunk) ^ (row % 8) = x[off % 2] ^ (2 (n0 / 32 mod 4)) */
-    const uint32_t ld = s_v + 256 * q + 4 * (cwl & 3);
-    const uint32_t x0 = ((cwl >> 2) ^ (2 * q)) << 4, x1 = ((cwl >> 2) ^ (2 * q + 1)) << 4;
-    /* writes: word e to row n0 + (e + rot) % 4 = 32 (task / 8) + r, chunk (2c + h) ^ (r % 8), byte 4q (the
-     * bases are recomputed per word: kept for all four, they spilled at head dim 256's 24 producer registers) */
-    const uint32_t st = s_vt + 4 * cwl * 128 + 4 * q, y = (cwl & 1) << 6;
-#pragma unroll 1
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* stmatrix */
+    constexpr int kTasks = 8 * (D / 32);           /* 8 key groups x D / 32 column groups */
+    const uint32_t i = lane >> 3, r = lane & 7;
+    /* this lane's ldmatrix row: key 8 (i % 2) + r of the group, chunk (2 (cg % 4) + i / 2) ^ r */
+    const uint32_t ld = s_v + (8 * (i & 1) + r) * 128, lx = ((i >> 1) ^ r) << 4;
+    /* this lane's stmatrix row: V^T row 32 cg + n, chunk G ^ (n % 8) */
+    const uint32_t n = 16 * (i >> 1) + 2 * r + ((i & 1) ^ (r >> 2)), st = s_vt + n * 128, nx = n & 7;
+    const uint32_t sel_even = lane >= 16 ? 0x7531 : 0x6420, sel_odd = sel_even ^ (0x7531 ^ 0x6420);
+#pragma unroll 2
     for (int task = W; task < kTasks; task += NW) {
-        const int c = (task & 7) >> 1, h = task & 1, cg = task >> 3; /* cg: which 32 columns */
-        const uint32_t cx = (cg & 3) << 5, a0 = ld + (x0 ^ cx), a1 = ld + (x1 ^ cx);
-        const int off = (cg >> 2) * (128 * 128) + (32 * c + 16 * h) * 128;
-        uint32_t w0, w1, w2, w3;
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w0) : "r"(a0 + off));
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w1) : "r"(a1 + off + 128));
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w2) : "r"(a0 + off + 8 * 128));
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w3) : "r"(a1 + off + 9 * 128));
-        /* rotated by rot bytes, so that out[e] below is head-dim byte (e + rot) % 4 of the four keys */
-        w0 = __funnelshift_r(w0, w0, 8 * rot);
-        w1 = __funnelshift_r(w1, w1, 8 * rot);
-        w2 = __funnelshift_r(w2, w2, 8 * rot);
-        w3 = __funnelshift_r(w3, w3, 8 * rot);
-        /* 4 x 4 byte transpose: out[e] holds byte e of w0, w1, w2, w3 */
-        const uint32_t a_lo = __byte_perm(w0, w1, 0x5140), a_hi = __byte_perm(w0, w1, 0x7362);
-        const uint32_t b_lo = __byte_perm(w2, w3, 0x5140), b_hi = __byte_perm(w2, w3, 0x7362);
-        const uint32_t out[4] = { __byte_perm(a_lo, b_lo, 0x5410), __byte_perm(a_lo, b_lo, 0x7632),
-                                  __byte_perm(a_hi, b_hi, 0x5410), __byte_perm(a_hi, b_hi, 0x7632) };
-        const uint32_t px = (uint32_t)(2 * c + h) << 4;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint32_t er = (e + rot) & 3;
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(st + er * 128 + ((y | er << 4) ^ px) + cg * 32 * 128),
-                         "r"(out[e])
-                         : "memory");
-        }
+        const uint32_t g = task & 7, cg = task >> 3;
+        uint32_t v[4];
+        fa_ldmatrix_x4_trans(v, ld + g * (16 * 128) + (cg >> 2) * (128 * 128) + (lx ^ ((cg & 3) << 5)));
+        fa_stmatrix_x4(st + cg * (32 * 128) + ((g ^ nx) << 4), __byte_perm(v[0], v[1], sel_even),
+                       __byte_perm(v[0], v[1], sel_odd), __byte_perm(v[2], v[3], sel_even),
+                       __byte_perm(v[2], v[3], sel_odd));
     }
+#endif
 }
 
 /* The transpose by NW warps (thread t < 32 NW). */

@@ -47,6 +47,11 @@ static __host__ __device__ constexpr bool fa3_fp8_pingpong(int d) {
     return FA3_FP8_PINGPONG && d == 128;
 }
 
+/* FA3_FP8_VT_SKIP=1 leaves the V^T stages unwritten (wrong results): the transpose's cost, for measuring. */
+#ifndef FA3_FP8_VT_SKIP
+#define FA3_FP8_VT_SKIP 0
+#endif
+
 template <int D>
 struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
     typedef fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> Base;
@@ -89,7 +94,7 @@ static __device__ __forceinline__ void fa3_fp8_vt_writer(uint32_t s_v, uint32_t 
             hp_bar_sync(FA3_FP8_BAR_ZERO, 96);
         }
         hp_mbar_wait(bar_vt_empty + 8 * vst, PT::empty_phase(j));
-        fa3_fp8_transpose_v<D, 3>(v, s_vt + vst * C::kKVBytes, t);
+        if (!FA3_FP8_VT_SKIP) fa3_fp8_transpose_v<D, 3>(v, s_vt + vst * C::kKVBytes, t);
         hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote, and TMA refills V */
         hp_mbar_arrive(bar_v_empty + 8 * st);
         __syncwarp();
