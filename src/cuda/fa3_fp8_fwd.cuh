@@ -51,6 +51,9 @@ static __host__ __device__ constexpr bool fa3_fp8_pingpong(int d) {
 #ifndef FA3_FP8_VT_SKIP
 #define FA3_FP8_VT_SKIP 0
 #endif
+#if FA3_FP8_VT_SKIP && !defined(FA_TUNING)
+#error "FA3_FP8_VT_SKIP gives wrong results: developer timing builds only (with FA_TUNING)"
+#endif
 
 template <int D>
 struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
