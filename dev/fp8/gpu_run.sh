@@ -13,6 +13,8 @@ FA_HDIMS="128 256" make -j16 all build/tests/test_backends >"$OUT/build.log" 2>&
 grep -i "spill" "$OUT/build.log" | grep fp8 | head -4
 nvcc -std=c++17 -arch=sm_90a -Isrc -o "$OUT/fp8_parts" dev/fp8/parts_test.cu && timeout 20 "$OUT/fp8_parts"
 rm -f "$OUT/fp8_parts"
+nvcc -std=c++17 -Isrc -o "$OUT/vt_emul" dev/fp8/vt_emul.cu && "$OUT/vt_emul" | tail -1
+rm -f "$OUT/vt_emul"
 $F info --plan --dtype e4m3 --head-dim 128 --seqlen 16384 --batch 1 --heads 16 2>&1 | grep "^fwd:"
 
 check() { # timeout args...

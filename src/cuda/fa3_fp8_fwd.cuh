@@ -70,42 +70,59 @@ struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
     static_assert(D == 128 || D == 256, "e4m3 head dims");
 };
 
-/* Warps 1-3 of the producer warpgroup: every V block in ring order into its V^T stage (fa3_fp8_transpose_v;
+/* Warps 1-3 of the producer warpgroup: every V block in ring order into its V^T stage (fa3_fp8_transpose_v_warp;
  * the V^T ring has stages of its own, kVtStages), once the consumers have released that stage's previous V^T;
  * then V empty (every writer thread, each after its own reads of V: what compute-sanitizer's racecheck follows;
  * one arrival per warp after __syncwarp read as a hazard between warps) and V^T ready (one arrival per warp). The rows
  * of a V block past its sequence are zeroed first (they hold the next sequence's values, NaN bytes among them, and a
- * zero P times NaN is NaN). The producer ends the ring with a V full phase whose valid count is -1. */
-template <int D>
-static __device__ __forceinline__ void fa3_fp8_vt_writer(uint32_t s_v, uint32_t s_vt, uint32_t bar_v_full,
-                                                         uint32_t bar_v_empty, uint32_t bar_vt_ready,
-                                                         uint32_t bar_vt_empty, volatile const int *v_valid) {
+ * zero P times NaN is NaN). The producer ends the ring with a V full phase whose valid count is -1. Each warp W
+ * runs a loop of its own, so that its run of transpose tasks is fixed at compile time and nothing of the other
+ * warps' runs is live across its loop (at head dim 256 the shared loop spilled). */
+template <int D, int W>
+static __device__ __forceinline__ void fa3_fp8_vt_writer_warp(uint32_t s_v, uint32_t s_vt, uint32_t bar_v_full,
+                                                              uint32_t bar_v_empty, uint32_t bar_vt_ready,
+                                                              uint32_t bar_vt_empty, uint32_t s_v_valid) {
     typedef fa3_fp8_cfg<D> C;
     typedef fa3_pipe<FA3_STAGES> P;
     typedef fa3_pipe<C::kVtStages> PT;
-    const int t = threadIdx.x - 32, lane = threadIdx.x % 32;
     for (int j = 0;; ++j) {
         const int st = P::stage(j), vst = PT::stage(j);
         hp_mbar_wait(bar_v_full + 8 * st, P::phase(j));
-        const int valid = __shfl_sync(0xffffffffu, lane == 0 ? v_valid[st] : 0, 0);
+        int valid; /* every lane reads it (one broadcast): no shuffle */
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(valid) : "r"(s_v_valid + 4 * st) : "memory");
         if (valid < 0) break;
         const uint32_t v = s_v + st * C::kKVBytes;
         if (valid < FA3_FP8_BN) {
+            const int t = threadIdx.x - 32;
             const int per_slab = (FA3_FP8_BN - valid) * 8; /* 16-byte chunks of the dead rows of one slab */
             for (int x = t; x < per_slab * (D / 128); x += 96) {
                 const int slab = x / per_slab, rem = x - slab * per_slab;
                 const uint32_t addr = v + slab * (FA3_FP8_BN * 128) + (valid + rem / 8) * 128 + (rem % 8) * 16;
                 asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
             }
+            __syncwarp(); /* the loop's trip counts differ by lane, and bar.sync wants the whole warp converged */
             hp_bar_sync(FA3_FP8_BAR_ZERO, 96);
         }
         hp_mbar_wait(bar_vt_empty + 8 * vst, PT::empty_phase(j));
-        if (!FA3_FP8_VT_SKIP) fa3_fp8_transpose_v<D, 3>(v, s_vt + vst * C::kKVBytes, t);
+        if (!FA3_FP8_VT_SKIP) fa3_fp8_transpose_v_warp<D, 3, W>(v, s_vt + vst * C::kKVBytes);
         hp_fence_proxy_async(); /* before wgmma (async proxy) reads what these stores wrote, and TMA refills V */
         hp_mbar_arrive(bar_v_empty + 8 * st);
         __syncwarp();
-        if (lane == 0) hp_mbar_arrive(bar_vt_ready + 8 * vst);
+        if (threadIdx.x % 32 == 0) hp_mbar_arrive(bar_vt_ready + 8 * vst);
     }
+}
+
+template <int D>
+static __device__ __forceinline__ void fa3_fp8_vt_writer(uint32_t s_v, uint32_t s_vt, uint32_t bar_v_full,
+                                                         uint32_t bar_v_empty, uint32_t bar_vt_ready,
+                                                         uint32_t bar_vt_empty, uint32_t s_v_valid) {
+    const int w = threadIdx.x / 32 - 1;
+    if (w == 0)
+        fa3_fp8_vt_writer_warp<D, 0>(s_v, s_vt, bar_v_full, bar_v_empty, bar_vt_ready, bar_vt_empty, s_v_valid);
+    else if (w == 1)
+        fa3_fp8_vt_writer_warp<D, 1>(s_v, s_vt, bar_v_full, bar_v_empty, bar_vt_ready, bar_vt_empty, s_v_valid);
+    else
+        fa3_fp8_vt_writer_warp<D, 2>(s_v, s_vt, bar_v_full, bar_v_empty, bar_vt_ready, bar_vt_empty, s_v_valid);
 }
 
 #if FA_SM90A
@@ -322,7 +339,6 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
     const uint32_t bar_q_full = bars + B::kQFull, bar_q_empty = bars + B::kQEmpty;
     const uint32_t bar_tile_full = bars + B::kTileFull, bar_tile_empty = bars + B::kTileEmpty;
     volatile int *tile_ids = (volatile int *)(smem + C::kOffBar + B::kTileIds);
-    volatile int *v_valid = (volatile int *)(smem + C::kOffBar + B::kVValid);
     const bool varlen = GENERAL && a.cu_q != nullptr;
 
     const uint32_t bar_vt_ready = s_q + C::kOffVtReady, bar_vt_empty = s_q + C::kOffVtEmpty;
@@ -342,7 +358,8 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
         if (threadIdx.x == 0)
             fa3_producer<D, BN, NWG, GENERAL, 1, VCOL>(a, tm_q, tm_k, tm_v, smem, varlen);
         else if (threadIdx.x >= 32 && !VCOL)
-            fa3_fp8_vt_writer<D>(s_v, s_vt, bars + B::kVFull, bars + B::kVEmpty, bar_vt_ready, bar_vt_empty, v_valid);
+            fa3_fp8_vt_writer<D>(s_v, s_vt, bars + B::kVFull, bars + B::kVEmpty, bar_vt_ready, bar_vt_empty,
+                                 bars + B::kVValid);
     } else {
         hp_setmaxnreg_inc<C::kRegsConsumer>();
         const int c = wg - 1;
