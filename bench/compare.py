@@ -18,9 +18,7 @@ What it measures
     ours-append  decode set only (opt-in): flash_attn_with_kvcache appending the step's new keys and values
                  (rotary on q and the new keys over the whole head dim) into the cache's last rows first
     ours-bf16    fp8 set only (in the defaults there): flash_attn_func on the bf16 inputs that `ours` quantized
-    ours-vcol    fp8 set only (in the defaults there): `ours` with v column-major (seqlen contiguous), which the
-                 Hopper kernel loads without a transpose
-  The fp8 set runs ours, ours-vcol, ours-bf16 and cudnn (SDPA on the float8 tensors, where it takes them) only.
+  The fp8 set runs ours, ours-bf16 and cudnn (SDPA on the float8 tensors, where it takes them) only.
   An implementation that raises on a shape (unsupported, out of memory) is recorded as missing there.
   Passes: fwd (inputs require grad, as in training, except the decode set), bwd (autograd backward of a
   forward stored once; ours-direct: fa_bwd on the forward's o and lse), fwdbwd (forward then backward).
@@ -96,9 +94,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import compare_core as core  # noqa: E402
 
-ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged", "ours-append", "ours-bf16",
-             "ours-vcol")
-DEFAULT_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "ours-bf16", "ours-vcol")
+ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged", "ours-append", "ours-bf16")
+DEFAULT_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "ours-bf16")
 
 # --device cpu: tiny shapes of the same sets, so the flow runs in seconds.
 CPU_SCALE = {"tokens": 512, "hidden": 128, "head_dims": (64,), "seqlens": (128, 256),
@@ -672,9 +669,7 @@ class Runner:
         if impl == "ours-bf16":
             return Impl(lambda: fa.flash_attn_func(q, k, v, causal=case.causal))
         (q8, dq), (k8, dk), (v8, dv) = (fa.quantize_e4m3(t) for t in (q, k, v))
-        if impl == "ours-vcol":  # the same values, each (batch, head) a (head_dim, seqlen) matrix
-            v8 = v8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-        if impl in ("ours", "ours-vcol"):
+        if impl == "ours":
             return Impl(lambda: fa.flash_attn_func(q8, k8, v8, causal=case.causal, q_descale=dq, k_descale=dk,
                                                    v_descale=dv), keep=(q8, k8, v8, dq, dk, dv))
         fwd, ctx = self.sdpa_fwd("CUDNN_ATTENTION", q8, k8, v8, case.causal)

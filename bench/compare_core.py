@@ -22,15 +22,15 @@ RATIO_PAIRS = {
     "decode": (("ours", "cudnn"), ("ours", "flash"), ("ours-paged", "ours"), ("ours-append", "ours")),
     "llama": (("ours", "cudnn"), ("ours", "flash")),
     "overhead": (("ours", "sdpa"),),
-    "fp8": (("ours", "ours-bf16"), ("ours-vcol", "ours-bf16"), ("ours", "cudnn")),
+    "fp8": (("ours", "ours-bf16"), ("ours", "cudnn")),
 }
 
 # Implementations timed on one set only.
-SET_ONLY_IMPLS = {"ours-paged": "decode", "ours-append": "decode", "ours-bf16": "fp8", "ours-vcol": "fp8"}
+SET_ONLY_IMPLS = {"ours-paged": "decode", "ours-append": "decode", "ours-bf16": "fp8"}
 
-# Sets that run only these implementations (the fp8 set: ours on e4m3 inputs, with v as rows and column-major,
-# ours on the bf16 inputs they were quantized from, and cuDNN where SDPA takes float8 tensors).
-SET_IMPLS = {"fp8": ("ours", "ours-vcol", "ours-bf16", "cudnn")}
+# Sets that run only these implementations (the fp8 set: ours on e4m3 inputs, ours on the bf16 inputs they were
+# quantized from, and cuDNN where SDPA takes float8 tensors).
+SET_IMPLS = {"fp8": ("ours", "ours-bf16", "cudnn")}
 
 
 def impl_runs_on(impl, set_name):
@@ -337,11 +337,10 @@ def summary_lines(records, impls=None, ceilings=None):
             if parts:
                 lines.append("geomean %s %s: %s" % (set_name, pass_, "; ".join(parts)))
         if set_name == "fp8" and e4m3:
-            for impl in ("ours", "ours-vcol"):
-                parts = ["%s %.2f" % (r["shape"], r["median"] / e4m3) for r in recs
-                         if r["impl"] == impl and r["median"] is not None]
-                if parts:
-                    lines.append("%s / e4m3 GEMM ceiling: %s" % (impl, ", ".join(parts)))
+            parts = ["%s %.2f" % (r["shape"], r["median"] / e4m3) for r in recs
+                     if r["impl"] == "ours" and r["median"] is not None]
+            if parts:
+                lines.append("ours / e4m3 GEMM ceiling: " + ", ".join(parts))
     return lines
 
 
@@ -384,7 +383,7 @@ H100_MODEL = {
     "tflops": {"fwd": 300.0, "bwd": 200.0, "fwdbwd": 220.0},
     "decode_tbps": 2.0,
     "slowdown": {"ours": 1.0, "ours-direct": 1.0, "cudnn": 1.0, "flash": 2.0, "efficient": 3.0, "flex": 2.0,
-                 "ours-paged": 1.2, "ours-append": 1.1, "ours-bf16": 1.0, "ours-vcol": 1.0},
+                 "ours-paged": 1.2, "ours-append": 1.1, "ours-bf16": 1.0},
     "probe_s": {"cudnn": 0.3, "flex": 20.0, "other": 0.05},  # first call on a shape: plans, compilation
     "block_overhead_ms": 0.5,  # L2 flush, events, synchronisation per timed block
     "setup_s": 0.3,          # tensor allocation, random fill and release per shape

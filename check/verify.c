@@ -122,7 +122,6 @@ void vf_config_describe(const vf_config *c, char *buf, size_t size) {
             VF_APPEND(" no-descale");
         else if (c->descale_block > 0)
             VF_APPEND(" descale/%d", c->descale_block);
-        if (c->v_columns) VF_APPEND(" v-columns");
     }
     if (c->causal) VF_APPEND(" causal");
     if (c->window_left >= 0 || c->window_right >= 0) VF_APPEND(" win=%d,%d", c->window_left, c->window_right);
@@ -405,29 +404,6 @@ static fa_status make_descales(vf_problem *pr) {
     return FA_OK;
 }
 
-/* v's values column-major: per (batch entry, head) head_dim rows of seqlen_k keys, each row followed by 16 NaN
- * bytes (a kernel that reads keys past the sequence sees them), and the call's v view on it. */
-static fa_status make_v_columns(vf_problem *pr) {
-    const vf_config *c = &pr->cfg;
-    const int64_t keys = c->seqlen_k, d = c->head_dim, row = (keys + 15) / 16 * 16 + 16;
-    pr->v_columns_bytes = (size_t)(c->batch * c->heads_kv * d * row);
-    uint8_t *dst = malloc(pr->v_columns_bytes);
-    if (!dst) return FA_ERR_OUT_OF_MEMORY;
-    memset(dst, POISON_E4M3, pr->v_columns_bytes);
-    const fa_tensor *v = &pr->v.view;
-    for (int64_t b = 0; b < c->batch; b++)
-        for (int64_t h = 0; h < c->heads_kv; h++)
-            for (int64_t j = 0; j < keys; j++) {
-                const uint8_t *src =
-                    (const uint8_t *)v->data + b * v->stride_batch + j * v->stride_seq + h * v->stride_head;
-                for (int64_t x = 0; x < d; x++) dst[((b * c->heads_kv + h) * d + x) * row + j] = src[x];
-            }
-    pr->v_columns_host = dst;
-    pr->v_columns_view = (fa_tensor){ dst, c->heads_kv * d * row, 1, d * row, row };
-    pr->p.v = pr->v_columns_view;
-    return FA_OK;
-}
-
 fa_status vf_problem_create(vf_problem *pr, const vf_config *cfg) {
     memset(pr, 0, sizeof *pr);
     pr->cfg = *cfg;
@@ -518,12 +494,6 @@ fa_status vf_problem_create(vf_problem *pr, const vf_config *cfg) {
         fill_bits(inputs[i]->host, inputs[i]->dtype, inputs[i]->elems, c->pad_value, 0);
         fill_random(pr, inputs[i], (uint64_t)i + 1, i == 0 ? c->q_amplitude : 1.0);
     }
-    if (c->v_columns && (!fp8 || c->varlen)) {
-        snprintf(pr->error, sizeof pr->error, "v_columns: e4m3 dense problems only");
-        vf_problem_destroy(pr);
-        return FA_ERR_INVALID_ARGUMENT;
-    }
-    if (c->v_columns && make_v_columns(pr) != FA_OK) goto oom;
     vf_poison_outputs(pr, 0);
     vf_poison_outputs(pr, 1);
     return FA_OK;
@@ -542,7 +512,6 @@ void vf_problem_destroy(vf_problem *pr) {
     device_free(pr);
     vf_tensor *tensors[8] = { &pr->q, &pr->k, &pr->v, &pr->o, &pr->dout, &pr->dq, &pr->dk, &pr->dv };
     for (int i = 0; i < 8; i++) free(tensors[i]->host);
-    free(pr->v_columns_host);
     free(pr->lse);
     free(pr->cu_q);
     free(pr->cu_k);
@@ -576,7 +545,6 @@ static void device_free(vf_problem *pr) {
     if (!pr->on_device) return;
     vf_tensor *tensors[8] = { &pr->q, &pr->k, &pr->v, &pr->o, &pr->dout, &pr->dq, &pr->dk, &pr->dv };
     for (int i = 0; i < 8; i++) cudaFree(tensors[i]->dev), tensors[i]->dev = NULL;
-    cudaFree(pr->v_columns_dev), pr->v_columns_dev = NULL;
     cudaFree(pr->d_lse);
     cudaFree(pr->d_cu_q);
     cudaFree(pr->d_cu_k);
@@ -592,8 +560,6 @@ static fa_status make_mirror(vf_problem *pr) {
     pr->on_device = 1;
     for (int i = 0; i < 8 && st == FA_OK; i++)
         st = cuda_result(pr, cudaMalloc(&tensors[i]->dev, tensor_bytes(pr, tensors[i])), "cudaMalloc");
-    if (st == FA_OK && pr->v_columns_host)
-        st = cuda_result(pr, cudaMalloc(&pr->v_columns_dev, pr->v_columns_bytes), "cudaMalloc");
     if (st == FA_OK)
         st =
             cuda_result(pr, cudaMalloc((void **)&pr->d_lse, sizeof(float) * (size_t)(pr->lse_elems + 1)), "cudaMalloc");
@@ -628,7 +594,6 @@ static fa_status make_mirror(vf_problem *pr) {
     *d = pr->p;
     d->q.data = pr->q.dev, d->k.data = pr->k.dev, d->v.data = pr->v.dev, d->o.data = pr->o.dev;
     d->dout.data = pr->dout.dev, d->dq.data = pr->dq.dev, d->dk.data = pr->dk.dev, d->dv.data = pr->dv.dev;
-    if (pr->v_columns_dev) d->v.data = pr->v_columns_dev;
     d->lse = pr->d_lse;
     d->cu_seqlens_q = pr->d_cu_q;
     d->cu_seqlens_k = pr->d_cu_k;
@@ -658,10 +623,6 @@ static fa_status upload(vf_problem *pr, int backward) {
               *bwd[7] = { &pr->q, &pr->k, &pr->v, &pr->o, &pr->dout, &pr->dq, &pr->dk };
     if (!backward) {
         for (int i = 0; i < 4 && st == FA_OK; i++) st = copy_tensor(pr, fwd[i], 1);
-        if (st == FA_OK && pr->v_columns_dev)
-            st = cuda_result(
-                pr, cudaMemcpy(pr->v_columns_dev, pr->v_columns_host, pr->v_columns_bytes, cudaMemcpyHostToDevice),
-                "cudaMemcpy to device");
     } else {
         for (int i = 0; i < 7 && st == FA_OK; i++) st = copy_tensor(pr, bwd[i], 1);
         if (st == FA_OK) st = copy_tensor(pr, &pr->dv, 1);

@@ -65,7 +65,6 @@ typedef struct vf_config {
     fa_dtype out_dtype;
     int32_t descale_block;
     int no_descale;
-    int v_columns; /* e4m3, dense: the call gets v column-major (keys contiguous, NaN after each head-dim row) */
 
     /* Varlen: random lengths in [0, seqlen] per sequence; with edge_lengths the first sequences get the
      * lengths (q, k) = (0, n), (n, 0), (1, n), (n, 1), (1, 1) while at least one random one remains.
@@ -115,10 +114,6 @@ typedef struct vf_problem {
     int on_device;
 
     vf_tensor q, k, v, o, dout, dq, dk, dv;
-    /* cfg.v_columns: v's values column-major, the view the calls get (v itself keeps the rows the checks read) */
-    void *v_columns_host, *v_columns_dev;
-    size_t v_columns_bytes;
-    fa_tensor v_columns_view;
     float *descale[3]; /* q, k, v descales of FA_E4M3 problems (NULL otherwise) */
     int64_t descale_count[3];
     float *d_descale[3]; /* their device copies (device backends) */

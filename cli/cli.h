@@ -49,7 +49,6 @@ typedef struct cli_options {
     int decode, leftpad, rotary_halves;
     int32_t seqlen_new, page_size, rotary_dim;
     int32_t descale_block; /* --dtype e4m3: rows per descale (0: one per batch entry and head) */
-    int v_columns;         /* --dtype e4m3: v column-major (keys contiguous) */
 } cli_options;
 
 /* The backend "auto" stands for: CUDA when built and a GPU is present, else the CPU. */

@@ -42,7 +42,6 @@ static const char usage[] =
     "  --dtype T               f32|f16|bf16|e4m3 (e4m3: float8 q, k, v with descales, bf16 o; forward only,\n"
     "                          cpu, reference and cuda backends; cuda: FA3 on Hopper, head dims 128 and 256)\n"
     "  --descale-block N       e4m3: one descale per N rows of a sequence (default 0: one per batch entry and head)\n"
-    "  --v-columns             e4m3: v column-major (each batch entry and head a head_dim x seqlen_k matrix)\n"
     "  --batch B  --heads H  --heads-kv HK  --head-dim D\n"
     "  --seqlen-q N  --seqlen-k M   (--seqlen N sets both; seqlen-k defaults to seqlen-q)\n"
     "  --causal | --no-causal  bottom-right causal mask\n"
@@ -187,7 +186,6 @@ void cli_config(const cli_options *o, vf_config *c) {
     c->seed = o->seed;
     c->layout = (vf_layout)o->layout;
     c->descale_block = o->descale_block;
-    c->v_columns = o->v_columns;
 }
 
 fa_exec cli_exec(const cli_options *o, fa_backend b) {
@@ -220,9 +218,6 @@ int cli_make_problem(const cli_options *o, fa_backend b, int backward, vf_proble
         *views[i] = fa_tensor_contiguous((void *)((uintptr_t)(i + 1) << 44), query ? c.seqlen_q : c.seqlen_k,
                                          query ? c.heads_q : c.heads_kv, c.head_dim);
     }
-    if (c.v_columns) /* keys contiguous: (batch, heads_kv, head_dim, seqlen_k) memory */
-        p.v = (fa_tensor){ p.v.data, (int64_t)c.heads_kv * c.head_dim * c.seqlen_k, 1, (int64_t)c.head_dim * c.seqlen_k,
-                           c.seqlen_k };
     p.lse = (float *)((uintptr_t)9 << 44);
     fa_exec x = cli_exec(o, FA_BACKEND_REFERENCE);
     fa_status st = fa_check(&p, &x, backward);
@@ -393,7 +388,6 @@ static const option_spec option_specs[] = {
     OPT("--page-size", 'i', page_size, 0, INT32_MAX),
     OPT("--rotary-dim", 'i', rotary_dim, 0, 256),
     OPT("--descale-block", 'i', descale_block, 0, INT32_MAX),
-    OPT("--v-columns", 'f', v_columns, 1, 0),
     OPT("--batch", 'i', batch, 1, INT32_MAX),
     OPT("--seqlen-q", 'i', seqlen_q, 1, INT32_MAX),
     OPT("--seqlen-k", 'i', seqlen_k, 1, INT32_MAX),

@@ -152,14 +152,12 @@ typedef enum fa_kernel {
     FA_KERNEL_FA3  = 3
 } fa_kernel;
 
-/* A view of a (batch, seqlen, heads, head_dim) tensor. Strides are in elements; head_dim is contiguous
- * (stride_dim 0 or 1), except that an e4m3 v may be column-major (see fa_params' FP8 fields). */
+/* A view of a (batch, seqlen, heads, head_dim) tensor. Strides are in elements; head_dim is contiguous. */
 typedef struct fa_tensor {
     void   *data;
     int64_t stride_batch; /* unused in a varlen batch */
     int64_t stride_seq;
     int64_t stride_head;
-    int64_t stride_dim; /* 0 (what zero-initialisation gives) means 1 */
 } fa_tensor;
 
 /* The attention problem: sizes, options and data. Fill it with fa_params_init(), then set the tensors and
@@ -214,11 +212,7 @@ typedef struct fa_params {
      * a sequence; 0 means one block, the whole sequence, so a descale per (batch entry, head): flash-attn's
      * (batch, heads) descales. blocks_q = ceil(seqlen_q / descale_block_q) (1 when 0), blocks_k likewise with
      * seqlen_k; in a varlen batch seqlen_q/k bound every sequence. fp32, contiguous; NULL means 1. The host
-     * backends refuse a NaN, Inf or negative descale. For the other dtypes the descales must be NULL.
-     * v may be column-major: v.stride_seq = 1 and v.stride_dim > 1, each (batch entry, head) a (head_dim,
-     * seqlen_k) matrix of keys in a row, as e4m3 tensor cores take V. The CUDA kernel then loads V^T tiles as
-     * they are instead of transposing V in shared memory (dense batches; strides other than stride_seq in
-     * multiples of 16); the host backends copy such a v to rows first. */
+     * backends refuse a NaN, Inf or negative descale. For the other dtypes the descales must be NULL. */
     fa_dtype out_dtype;
     const float *q_descale, *k_descale, *v_descale;
     int32_t descale_block_q, descale_block_k;
@@ -435,8 +429,7 @@ typedef struct fa_rows {
 
 /* Block quantization: for each (batch entry, head, block of `block` rows of the sequence; 0 = the whole
  * sequence), descale = max |x| / 448 (1 where the block is all zeros), and dst = e4m3(x / descale) (round to
- * nearest even; a NaN stays NaN). dst has src's sizes and its own strides (uint8_t elements, dtype ignored;
- * stride_dim too: a column-major dst, stride_seq 1, is the v that fa_fwd's CUDA e4m3 kernel reads untransposed);
+ * nearest even; a NaN stays NaN). dst has src's sizes and its own strides (uint8_t elements, dtype ignored);
  * descale is (batch, heads, blocks) fp32, blocks = ceil(seqlen / block) (1 for 0): fa_params' q/k/v_descale
  * layout for descale_block = block; the blocks past a varlen sequence's end get 1. e4m3 has no infinity: a
  * NaN or Inf in x is refused (FA_ERR_INVALID_ARGUMENT naming its row), as is any bad field; then nothing is

@@ -200,22 +200,9 @@ double fa_flops_fwd(const fa_params *p, const int32_t *host_cu_seqlens_q, const 
  * Validation
  * ------------------------------------------------------------------------------------------------------- */
 
-/* An input view: data present, strides non-negative (0 broadcasts), head_dim contiguous; columns_ok (the v of
- * an e4m3 forward) also takes a column-major view: stride_dim > 1 with stride_seq 1. */
-static fa_status check_input(const fa_tensor *t, const char *name, int varlen, int columns_ok) {
+/* An input view: data present, strides non-negative (0 broadcasts). */
+static fa_status check_input(const fa_tensor *t, const char *name, int varlen) {
     if (!t->data) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.data is NULL", name);
-    if (t->stride_dim < 0)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_dim (%lld) is negative", name, (long long)t->stride_dim);
-    if (fa_stride_dim(t) != 1 && !columns_ok)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT,
-                       "%s.stride_dim (%lld) must be 0 or 1: head_dim is contiguous (only the v of an e4m3 forward "
-                       "may be column-major)",
-                       name, (long long)t->stride_dim);
-    if (fa_stride_dim(t) != 1 && t->stride_seq != 1)
-        return fa_fail(
-            FA_ERR_INVALID_ARGUMENT,
-            "%s.stride_dim (%lld) with stride_seq %lld: a column-major %s has stride_seq 1 (keys contiguous)", name,
-            (long long)t->stride_dim, (long long)t->stride_seq, name);
     if (t->stride_seq < 0)
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.stride_seq (%lld) is negative", name, (long long)t->stride_seq);
     if (t->stride_head < 0)
@@ -234,7 +221,7 @@ typedef struct out_dim {
  * whole extent of the smaller ones. Extents of 1 impose nothing. */
 static fa_status check_output(const fa_tensor *t, const char *name, int64_t batch, int64_t rows, int64_t heads,
                               int64_t head_dim, int varlen) {
-    fa_status st = check_input(t, name, varlen, 0);
+    fa_status st = check_input(t, name, varlen);
     if (st != FA_OK) return st;
     out_dim dim[3] = { { t->stride_seq, rows, "stride_seq" },
                        { t->stride_head, heads, "stride_head" },
@@ -298,8 +285,8 @@ static fa_status tensor_span(const fa_tensor *t, const char *name, int64_t batch
     out->lo = out->hi = (uintptr_t)t->data;
     if (!t->data || batch == 0 || rows == 0 || heads == 0) return FA_OK;
     const int64_t ext[4] = { varlen ? 1 : batch, rows, heads, head_dim };
-    const int64_t stride[4] = { varlen ? 0 : t->stride_batch, t->stride_seq, t->stride_head, fa_stride_dim(t) };
-    static const char *field[4] = { "stride_batch", "stride_seq", "stride_head", "stride_dim" };
+    const int64_t stride[4] = { varlen ? 0 : t->stride_batch, t->stride_seq, t->stride_head, 1 };
+    static const char *field[4] = { "stride_batch", "stride_seq", "stride_head", "head_dim" };
     int64_t last = 0, term, bytes, largest = -1;
     int big = 0; /* the dimension of the largest term: the one to name when the bytes overflow */
     for (int a = 0; a < 4; a++) {
@@ -524,13 +511,13 @@ static fa_status validate(const fa_params *p, fa_backend backend, int backward, 
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "deterministic (%d) is not 0 or 1", p->deterministic);
 
     const int64_t rows_q = varlen ? p->total_q : p->seqlen_q, rows_k = varlen ? p->total_k : p->seqlen_k;
-    if ((st = check_input(&p->q, "q", varlen, 0)) || (st = check_input(&p->k, "k", varlen, 0)) ||
-        (st = check_input(&p->v, "v", varlen, p->dtype == FA_E4M3 && !backward)))
+    if ((st = check_input(&p->q, "q", varlen)) || (st = check_input(&p->k, "k", varlen)) ||
+        (st = check_input(&p->v, "v", varlen)))
         return st;
     if (!backward) {
         if ((st = check_output(&p->o, "o", p->batch, rows_q, p->heads_q, p->head_dim, varlen))) return st;
     } else {
-        if ((st = check_input(&p->o, "o", varlen, 0)) || (st = check_input(&p->dout, "dout", varlen, 0))) return st;
+        if ((st = check_input(&p->o, "o", varlen)) || (st = check_input(&p->dout, "dout", varlen))) return st;
         if (!p->lse) return fa_fail(FA_ERR_INVALID_ARGUMENT, "lse is NULL (the backward needs the forward's lse)");
         if ((st = check_output(&p->dq, "dq", p->batch, rows_q, p->heads_q, p->head_dim, varlen)) ||
             (st = check_output(&p->dk, "dk", p->batch, rows_k, p->heads_kv, p->head_dim, varlen)) ||
@@ -659,34 +646,6 @@ fa_status fa_workspace_size(const fa_params *p, const fa_exec *exec, int backwar
     return workspace_need(&r, &x, backward, bytes);
 }
 
-/* A host backend's forward. They read v as rows: a column-major e4m3 v is copied to rows (batch or one varlen
- * batch, rows, heads_kv, head_dim) for the call. */
-static fa_status host_fwd(fa_params *r, const fa_exec *x) {
-    uint8_t *rows = NULL;
-    if (fa_v_columns(r)) {
-        const int varlen = fa_is_varlen(r);
-        const int64_t nb = varlen ? 1 : r->batch, nr = varlen ? r->total_k : r->seqlen_k, nh = r->heads_kv;
-        const int64_t d = r->head_dim, sd = fa_stride_dim(&r->v);
-        int64_t bytes = 0;
-        if (__builtin_mul_overflow(nb * nh * d, nr, &bytes) || (uint64_t)bytes > SIZE_MAX ||
-            !(rows = malloc(bytes > 0 ? (size_t)bytes : 1)))
-            return fa_fail(FA_ERR_OUT_OF_MEMORY, "v: no host memory for a row-major copy (%lld bytes)",
-                           (long long)bytes);
-        const uint8_t *src = r->v.data;
-        for (int64_t b = 0; b < nb; b++)
-            for (int64_t i = 0; i < nr; i++)
-                for (int64_t h = 0; h < nh; h++) {
-                    const uint8_t *col = src + (varlen ? 0 : b * r->v.stride_batch) + i + h * r->v.stride_head;
-                    uint8_t *dst = rows + ((b * nr + i) * nh + h) * d;
-                    for (int64_t c = 0; c < d; c++) dst[c] = col[c * sd];
-                }
-        r->v = (fa_tensor){ rows, nr * nh * d, nh * d, d, 1 };
-    }
-    const fa_status st = x->backend == FA_BACKEND_CPU ? fa_cpu_fwd(r, x) : fa_reference_fwd(r);
-    free(rows);
-    return st;
-}
-
 static fa_status run(const fa_params *p, const fa_exec *exec, int backward) {
     fa_params r;
     fa_exec x;
@@ -700,9 +659,8 @@ static fa_status run(const fa_params *p, const fa_exec *exec, int backward) {
                            need);
     }
     switch (x.backend) {
-    case FA_BACKEND_CPU:
-    case FA_BACKEND_REFERENCE:
-        return backward ? (x.backend == FA_BACKEND_CPU ? fa_cpu_bwd(&r, &x) : fa_reference_bwd(&r)) : host_fwd(&r, &x);
+    case FA_BACKEND_CPU: return backward ? fa_cpu_bwd(&r, &x) : fa_cpu_fwd(&r, &x);
+    case FA_BACKEND_REFERENCE: return backward ? fa_reference_bwd(&r) : fa_reference_fwd(&r);
 #ifdef FA_WITH_CUDA
     case FA_BACKEND_CUDA: return backward ? fa_cuda_bwd(&r, &x) : fa_cuda_fwd(&r, &x);
 #endif
@@ -894,7 +852,7 @@ static fa_status prepare_kvcache(const fa_params *p, const fa_kvcache *kv, const
         if ((st = check_output(&kv->k_cache, "k_cache", dim0, dim1, p->heads_kv, p->head_dim, 0)) ||
             (st = check_output(&kv->v_cache, "v_cache", dim0, dim1, p->heads_kv, p->head_dim, 0)))
             return st;
-    } else if ((st = check_input(&kv->k_cache, "k_cache", 0, 0)) || (st = check_input(&kv->v_cache, "v_cache", 0, 0))) {
+    } else if ((st = check_input(&kv->k_cache, "k_cache", 0)) || (st = check_input(&kv->v_cache, "v_cache", 0))) {
         return st;
     }
     if ((kv->rotary_cos == NULL) != (kv->rotary_sin == NULL))

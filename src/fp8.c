@@ -23,9 +23,6 @@ static fa_status check_rows(const fa_rows *t, const char *name) {
     if (!t->x.data) return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.x.data is NULL", name);
     if (t->x.stride_seq < 0 || t->x.stride_head < 0 || (!t->cu_seqlens && t->x.stride_batch < 0))
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.x has a negative stride", name);
-    if (fa_stride_dim(&t->x) != 1)
-        return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.x.stride_dim (%lld) must be 0 or 1 (rows are contiguous)", name,
-                       (long long)t->x.stride_dim);
     if (t->cu_seqlens) {
         if (t->cu_seqlens[0] != 0)
             return fa_fail(FA_ERR_INVALID_ARGUMENT, "%s.cu_seqlens[0] (%d) is not 0", name, t->cu_seqlens[0]);
@@ -56,7 +53,7 @@ fa_status fa_quantize_e4m3(const fa_rows *src, int32_t block, fa_tensor dst, flo
     if (st != FA_OK) return st;
     if (block < 0) return fa_fail(FA_ERR_INVALID_ARGUMENT, "block (%d) is negative", block);
     if (!dst.data) return fa_fail(FA_ERR_INVALID_ARGUMENT, "dst.data is NULL");
-    if (dst.stride_seq < 0 || dst.stride_head < 0 || dst.stride_dim < 0 || (!src->cu_seqlens && dst.stride_batch < 0))
+    if (dst.stride_seq < 0 || dst.stride_head < 0 || (!src->cu_seqlens && dst.stride_batch < 0))
         return fa_fail(FA_ERR_INVALID_ARGUMENT, "dst has a negative stride");
     if (dst.data == src->x.data) return fa_fail(FA_ERR_INVALID_ARGUMENT, "dst.data is src.x.data (not in place)");
     if (!descale) return fa_fail(FA_ERR_INVALID_ARGUMENT, "descale is NULL");
@@ -77,7 +74,6 @@ fa_status fa_quantize_e4m3(const fa_rows *src, int32_t block, fa_tensor dst, flo
             }
 
     uint8_t *out = dst.data;
-    const int64_t step = fa_stride_dim(&dst);
     for (int64_t b = 0; b < src->batch; b++) {
         const int64_t len = seq_len(src, b);
         for (int64_t h = 0; h < src->heads; h++)
@@ -94,7 +90,7 @@ fa_status fa_quantize_e4m3(const fa_rows *src, int32_t block, fa_tensor dst, flo
                 for (int64_t r = r0; r < r1; r++) {
                     const int64_t in = row_offset(src, &src->x, b, r, h), o = row_offset(src, &dst, b, r, h);
                     for (int64_t c = 0; c < d; c++)
-                        out[o + c * step] = fa_f32_to_e4m3(fa_load(src->x.data, src->dtype, in + c) * inv);
+                        out[o + c] = fa_f32_to_e4m3(fa_load(src->x.data, src->dtype, in + c) * inv);
                 }
             }
     }

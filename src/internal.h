@@ -90,16 +90,6 @@ static inline fa_seq fa_seq_packed(const fa_params *p, int64_t b) {
     return s;
 }
 
-/* The step between head_dim elements of t (stride_dim 0 means 1). */
-static inline int64_t fa_stride_dim(const fa_tensor *t) {
-    return t->stride_dim == 0 ? 1 : t->stride_dim;
-}
-
-/* An e4m3 v given column-major (keys contiguous, see fa_params). */
-static inline int fa_v_columns(const fa_params *p) {
-    return p->dtype == FA_E4M3 && fa_stride_dim(&p->v) != 1;
-}
-
 /* Element offset of (sequence b whose first token is tok, row r, head h) in tensor t. */
 static inline int64_t fa_offset(const fa_params *p, const fa_tensor *t, int64_t b, int64_t tok, int64_t r, int64_t h) {
     int64_t base = fa_is_varlen(p) ? tok * t->stride_seq : b * t->stride_batch;

@@ -18,8 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import compare_core as core  # noqa: E402
 
 IMPL_NAMES = {"ours": "flashattn", "ours-direct": "flashattn (library call)", "cudnn": "cuDNN", "flash": "FA2 (SDPA)",
-              "efficient": "SDPA efficient", "flex": "FlexAttention", "sdpa": "SDPA", "ours-bf16": "flashattn bf16",
-              "ours-vcol": "flashattn e4m3, v column-major"}
+              "efficient": "SDPA efficient", "flex": "FlexAttention", "sdpa": "SDPA", "ours-bf16": "flashattn bf16"}
 
 
 def fmt(x):
@@ -65,8 +64,7 @@ def tables(data, tree=None):
         srecs = [r for r in recs if r["set"] == set_name]
         if not srecs:
             continue
-        impls = [i for i in ("ours", "ours-direct", "ours-vcol", "ours-bf16", "cudnn", "flash", "sdpa", "efficient",
-                             "flex")
+        impls = [i for i in ("ours", "ours-direct", "ours-bf16", "cudnn", "flash", "sdpa", "efficient", "flex")
                  if any(r["impl"] == i for r in srecs)]
         pairs = [p for p in core.RATIO_PAIRS.get(set_name, ()) if p[1] in impls]
         unit = srecs[0]["unit"]
@@ -99,13 +97,12 @@ def tables(data, tree=None):
                 len({s for s, _ in seen}), "; ".join(means)))
         e4m3 = data.get("ceilings", {}).get("start", {}).get("gemm_e4m3_tflops")
         if set_name == "fp8" and e4m3:
-            for impl in ("ours", "ours-vcol"):
-                cells = ["%s %.2f" % (r["shape"], r["median"] / e4m3) for r in srecs
-                         if r["impl"] == impl and r["median"] is not None]
-                if cells:
-                    out.append("")
-                    out.append("%s / the e4m3 GEMM ceiling at the start (%s TFLOP/s): %s." % (
-                        IMPL_NAMES[impl], fmt(e4m3), ", ".join(cells)))
+            cells = ["%s %.2f" % (r["shape"], r["median"] / e4m3) for r in srecs
+                     if r["impl"] == "ours" and r["median"] is not None]
+            if cells:
+                out.append("")
+                out.append("flashattn e4m3 / the e4m3 GEMM ceiling at the start (%s TFLOP/s): %s." % (fmt(e4m3),
+                                                                                                ", ".join(cells)))
         out.append("")
     acc = data.get("fp8_accuracy")
     if acc:

@@ -2,8 +2,7 @@
 # The e4m3 forward on one Hopper GPU in one go: build (head dims 128 and 256), `flashattn check` against the
 # fp64 oracle over the features, the CUDA e4m3 cases of test_backends, then TFLOP/s of e4m3 against bf16.
 # Stops at the first failed check (a hang is cut by its timeout). Logs go to $OUT (default /tmp/fp8-out).
-# v column-major (--v-columns) beside v as rows in both. Usage, from the repository root:
-# dev/fp8/gpu_run.sh [quick|variants]
+# Usage, from the repository root: dev/fp8/gpu_run.sh [quick|variants]
 set -u
 OUT=${OUT:-/tmp/fp8-out}
 mkdir -p "$OUT"
@@ -33,8 +32,6 @@ check 30 --head-dim 256 --seqlen 900 --batch 2 --heads 4 --heads-kv 1 --causal
 check 30 --head-dim 128 --seqlen 800 --batch 4 --heads 4 --heads-kv 2 --varlen --softcap 3
 check 30 --head-dim 256 --seqlen 600 --batch 3 --heads 4 --window 100,20
 check 30 --head-dim 128 --seqlen 4096 --batch 1 --heads 4 --causal
-check 30 --head-dim 128 --seqlen-q 1000 --seqlen-k 1300 --batch 2 --heads 8 --heads-kv 2 --causal --v-columns
-check 30 --head-dim 256 --seqlen 600 --batch 3 --heads 4 --window 100,20 --softcap 3 --v-columns
 [ "${1:-}" = quick ] && exit 0
 echo "== test_backends -b cuda -k e4m3"
 timeout 180 build/tests/test_backends -b cuda -k e4m3 >"$OUT/tests.log" 2>&1
@@ -48,15 +45,12 @@ bench() { # dtype head_dim heads seqlen [causal]
 for s in 1024 4096 8192 16384; do
     bench bf16 128 16 $s
     bench e4m3 128 16 $s
-    bench e4m3 128 16 $s --v-columns
 done
 bench bf16 128 16 16384 --causal
 bench e4m3 128 16 16384 --causal
-bench e4m3 128 16 16384 "--causal --v-columns"
 for s in 4096 16384; do
     bench bf16 256 8 $s
     bench e4m3 256 8 $s
-    bench e4m3 256 8 $s --v-columns
 done
 [ "${1:-}" = variants ] || exit 0
 # without the ping-pong at head dim 128 too (FA3_FP8_PINGPONG=0; the default keeps it there only), against the above

@@ -58,15 +58,13 @@ _c_enum = ctypes.c_int  # C enums are int-sized on every ABI this library target
 
 
 class Tensor(ctypes.Structure):
-    """fa_tensor: a (batch, seqlen, heads, head_dim) view; strides in elements, head_dim contiguous (stride_dim 0)
-    except for a column-major e4m3 v."""
+    """fa_tensor: a (batch, seqlen, heads, head_dim) view; strides in elements, head_dim contiguous."""
 
     _fields_ = [
         ("data", ctypes.c_void_p),
         ("stride_batch", ctypes.c_int64),
         ("stride_seq", ctypes.c_int64),
         ("stride_head", ctypes.c_int64),
-        ("stride_dim", ctypes.c_int64),
     ]
 
 

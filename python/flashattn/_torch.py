@@ -689,10 +689,8 @@ def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must be on one device")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1 and not (name == "v" and _v_columns(t)):
-            also = " (or, for v, column-major: its seqlen dimension contiguous)" if name == "v" else ""
-            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim){also}; got strides "
-                             f"{t.stride()}")
+        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim); got strides {t.stride()}")
     if out_dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
     block = int(descale_block)
@@ -721,18 +719,9 @@ def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap
     lse = torch.empty(batch, heads_q, seqlen_q, dtype=torch.float32, device=q.device) if with_lse else None
     for field, t in (("q", q), ("k", k), ("v", v), ("o", out)):
         _set(p, field, t, False)
-    if _v_columns(v):
-        p.v.stride_dim = v.stride(-1)
     p.lse = lse.data_ptr() if with_lse else None
     _run("fa_fwd", p, q, False)
     return out, lse
-
-
-def _v_columns(v):
-    """A column-major v, (batch, seqlen, heads, head_dim) with seqlen contiguous, such as
-    x.permute(0, 3, 1, 2) of a contiguous (batch, heads, head_dim, seqlen) x: the CUDA kernel loads it without a
-    transpose."""
-    return v.dim() == 4 and v.shape[-1] > 1 and v.stride(-1) != 1 and v.stride(1) == 1
 
 
 def quantize_e4m3(x, descale_block=0):
@@ -818,9 +807,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     q_descale, k_descale, v_descale float32 (batch, heads_kv) as flash-attn's FP8 interface (q's is per kv
     head, spread over its query heads), or (batch, heads_q) for q, or with descale_block = N > 0 one per N rows
     of a sequence: (batch, heads, ceil(seqlen / N)); None means 1. out is out_dtype (default bfloat16, or
-    float16). v may be column-major (its seqlen dimension contiguous, e.g. vt.permute(0, 3, 1, 2) of a contiguous
-    (batch, heads, head_dim, seqlen) vt): the CUDA kernel (Hopper, head dims 128 and 256, dense batches) then
-    reads it without transposing it in shared memory. Eager calls only: torch.compile does not trace this path.
+    float16). Eager calls on CPU tensors so far: the CUDA backend has no e4m3 kernel yet and raises, and
+    torch.compile does not trace this path.
 
     Returns out (batch, seqlen_q, heads_q, head_dim), or with return_attn_probs=True (out, softmax_lse, None)
     where softmax_lse is float32 (batch, heads_q, seqlen_q); rows that see no key get out = 0, lse = -inf.

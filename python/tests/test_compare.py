@@ -180,7 +180,7 @@ def test_default_plan_fits_eight_minutes_on_the_model():
 
 def test_default_cases_and_options():
     args = compare.parse_args([])
-    assert args.impls == ["ours", "ours-direct", "cudnn", "flash", "ours-bf16", "ours-vcol"] and args.rounds == 3
+    assert args.impls == ["ours", "ours-direct", "cudnn", "flash", "ours-bf16"] and args.rounds == 3
     assert (args.mode, args.l2, args.block_ms, args.dtype) == ("b2b", "flush", 30.0, "bf16")
     assert (args.overhead_calls, args.overhead_warmup) == (2000, 200)
     cases = compare.build_cases(args)
@@ -192,11 +192,10 @@ def test_fp8_set_shapes_and_implementations():
     assert [(c.head_dim, c.seqlen_q, c.batch, c.heads_q) for c in cases[:3]] == \
         [(64, 4096, 4, 32), (64, 8192, 2, 32), (64, 16384, 1, 32)]
     assert {c.head_dim for c in cases} == {64, 128, 256} and all(c.passes == ("fwd",) for c in cases)
-    # the fp8 set times ours (e4m3, v as rows and column-major), ours-bf16 and cuDNN only; the fp8-only ones run
-    # nowhere else
+    # the fp8 set times ours (e4m3), ours-bf16 and cuDNN only; ours-bf16 runs nowhere else
     on_fp8 = [i for i in compare.ALL_IMPLS if core.impl_runs_on(i, "fp8")]
-    assert on_fp8 == ["ours", "cudnn", "ours-bf16", "ours-vcol"]
-    assert not any(core.impl_runs_on(i, s) for i in ("ours-bf16", "ours-vcol") for s in ("paper", "decode", "llama"))
+    assert on_fp8 == ["ours", "cudnn", "ours-bf16"]
+    assert not any(core.impl_runs_on("ours-bf16", s) for s in ("paper", "decode", "llama"))
     assert core.impl_runs_on("ours-direct", "paper") and not core.impl_runs_on("ours-direct", "fp8")
 
 
@@ -294,7 +293,7 @@ def test_cpu_quick_run_end_to_end(tmp_path):
     assert any(e["num"] == "ours" and e["den"] == "flash" for e in data["ratios"])
     assert len(cs.read_text().strip().splitlines()) == len(recs) + 1
     # the FP8 set: e4m3 against bf16 on the same inputs, and the accuracy table (fp64 reference) after it
-    assert {r["impl"] for r in recs if r["set"] == "fp8"} == {"ours", "ours-vcol", "ours-bf16"}
+    assert {r["impl"] for r in recs if r["set"] == "fp8"} == {"ours", "ours-bf16"}
     acc = {row["variant"]: row["rmse"] for row in data["fp8_accuracy"]["rows"]}
     assert len(acc) == 6 and all(x is not None and 0 < x < 0.1 for x in acc.values())
     assert acc["bf16 inputs"] < acc["e4m3, per (batch, head)"]

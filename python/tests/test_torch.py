@@ -474,31 +474,6 @@ def test_fp8_forward_matches_dequantized(block):
         assert max_err(lse, ref_lse) <= 1e-5 * float(ref_lse.abs().max())
 
 
-def _columns(v8, pad=16):
-    """v8 (batch, seqlen, heads, head_dim) as a column-major view: keys contiguous, each head-dim row padded with
-    NaN bytes past the sequence (a kernel that reads past it gets NaN)."""
-    b, s, h, d = v8.shape
-    row = -(-(s + pad) // 16) * 16  # the CUDA kernel's TMA steps rows in 16-byte units
-    vt = torch.full((b, h, d, row), float("nan"), dtype=torch.float32, device=v8.device).to(v8.dtype)
-    vt[..., :s] = v8.permute(0, 2, 3, 1)
-    view = vt[..., :s].permute(0, 3, 1, 2)
-    assert view.stride(1) == 1 and view.stride(-1) == row and torch.equal(view.float(), v8.float())
-    return view
-
-
-def test_fp8_column_major_v_gives_the_same_bits():
-    """A column-major v (seqlen contiguous) is taken as it is: the CPU backend copies it to rows, same bits."""
-    g = torch.Generator().manual_seed(13)
-    q, k, v = (torch.randn(2, n, h, 64, generator=g) * 3 for n, h in ((50, 4), (61, 2), (61, 2)))
-    (q8, qd), (k8, kd), (v8, vd) = (_quantize_e4m3(t) for t in (q, k, v))
-    rows = flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
-    cols = flash_attn_func(q8, k8, _columns(v8), causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
-    assert torch.equal(rows, cols)
-    strided = v8.view(torch.uint8).repeat_interleave(2, -1)[..., ::2].view(torch.float8_e4m3fn)
-    with pytest.raises(ValueError, match="column-major"):  # neither head_dim nor seqlen contiguous
-        flash_attn_func(q8, k8, strided, q_descale=qd, k_descale=kd, v_descale=vd)
-
-
 def test_fp8_flash_attn_descale_layout():
     """flash-attn's FP8 descales: (batch, heads_kv) for q, k and v alike, q's spread over its query heads."""
     g = torch.Generator().manual_seed(12)
@@ -609,9 +584,6 @@ def test_fp8_cuda_matches_dequantized(d, causal):
         return
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     assert max_err(out.float().cpu(), ref) <= 2.0**-4 * float(ref.abs().max())
-    cols = flash_attn_func(q8.cuda(), k8.cuda(), _columns(v8.cuda()), causal=causal, q_descale=qd.cuda(),
-                           k_descale=kd.cuda(), v_descale=vd.cuda())  # V^T loaded as it is
-    assert max_err(cols.float().cpu(), ref) <= 2.0**-4 * float(ref.abs().max())
 
 
 @needs_cuda

@@ -243,10 +243,8 @@ static fa_status check_cuda_rules(const fa_params *p, int backward) {
                            "%s.data (%p) is not 16-byte aligned (the CUDA kernels load 16-byte "
                            "vectors)",
                            ts[i].name, t->data);
-        const int columns = t == &p->v && fa_v_columns(p); /* its keys are contiguous: the head dim steps */
-        const int64_t strides[3] = { columns ? fa_stride_dim(t) : t->stride_seq, t->stride_head,
-                                     varlen ? 0 : t->stride_batch };
-        const char *names[3] = { columns ? "stride_dim" : "stride_seq", "stride_head", "stride_batch" };
+        const int64_t strides[3] = { t->stride_seq, t->stride_head, varlen ? 0 : t->stride_batch };
+        const char *names[3] = { "stride_seq", "stride_head", "stride_batch" };
         for (int s = 0; s < 3; s++)
             if (strides[s] % 8)
                 return fa_fail(FA_ERR_UNSUPPORTED,

@@ -11,8 +11,6 @@
  *     and V^T stores its keys in the order that makes those the keys the product multiplies them with: key
  *     32c + 8j + 2q + e at position 32c + 16 (j / 2) + 4q + 2 (j % 2) + e (fa3_fp8_key_pos). A sum over keys does
  *     not care about their order.
- * A caller may give V column-major (the head dim's stride not 1, the keys' 1): TMA then loads V^T tiles as they
- * are, keys in their own order, and P's words are exchanged within each quad instead (fa3_fp8_pack_p_in_order).
  * Tiles are 128 bytes wide with the 128-byte swizzle (the 16-byte chunk index XOR the row mod 8), as TMA
  * writes them and wgmma reads them: a [rows][128 B] slab per 128 head-dim bytes for V, one [D rows][BN = 128 B]
  * tile for V^T.
@@ -58,32 +56,6 @@ static __device__ __forceinline__ void fa3_fp8_pack_p(const float (&s)[BN / 2], 
         p[4 * c + 2] = fa3_fp8_pack4(x[8], x[9], x[12], x[13]);   /* row g: keys 16+2q, .., 25+2q */
         p[4 * c + 3] = fa3_fp8_pack4(x[10], x[11], x[14], x[15]); /* row g + 8 */
     }
-}
-
-/* P as the A operand with the keys in their own order, for V^T tiles loaded as they are (column-major V): the
- * words of fa3_fp8_pack_p (keys {2q, 2q+1, 8+2q, 9+2q} of row g in X0, {16+2q, .., 25+2q} in X1) move within the
- * quad. Lane q's A words want keys 4q..4q+3 (and 16 + those): the pairs that lanes 2 (q % 2) and 2 (q % 2) + 1 hold
- * in half q / 2 of X0 (X1). Each lane offers W0 = [X0 lo, X1 lo] or W1 = [X0 hi, X1 hi] in two shuffles (even lanes
- * W0 then W1, odd lanes W1 then W0), so that every moved byte is used: per 32-key chunk and row, two byte permutes,
- * two shuffles and two byte permutes. */
-template <int BN>
-static __device__ __forceinline__ void fa3_fp8_pack_p_in_order(const float (&s)[BN / 2], uint32_t (&p)[BN / 8],
-                                                               int lane) {
-    const int q = lane & 3;
-    const int src_a = (lane & ~3) | ((q & 1) << 1) | (q >> 1), src_b = src_a ^ 1;
-    const uint32_t send_a = q & 1 ? 0x7632 : 0x5410, send_b = send_a ^ (0x7632 ^ 0x5410);
-    const uint32_t take_lo = q < 2 ? 0x5410 : 0x1054, take_hi = q < 2 ? 0x7632 : 0x3276;
-#pragma unroll
-    for (int c = 0; c < BN / 32; ++c)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) { /* row g, then g + 8 */
-            const float *x = s + 16 * c + 2 * r;
-            const uint32_t x0 = fa3_fp8_pack4(x[0], x[1], x[4], x[5]), x1 = fa3_fp8_pack4(x[8], x[9], x[12], x[13]);
-            const uint32_t ya = __shfl_sync(0xffffffffu, __byte_perm(x0, x1, send_a), src_a);
-            const uint32_t yb = __shfl_sync(0xffffffffu, __byte_perm(x0, x1, send_b), src_b);
-            p[4 * c + r] = __byte_perm(ya, yb, take_lo);
-            p[4 * c + 2 + r] = __byte_perm(ya, yb, take_hi);
-        }
 }
 
 /* V (BN = 128 keys x D bytes, [D / 128 slabs][128 rows][128 B]) into V^T ([D rows][128 B], keys at

@@ -43,11 +43,8 @@ static __host__ __device__ constexpr bool fa3_fp8_qrs(int d) {
 #ifndef FA3_FP8_PINGPONG
 #define FA3_FP8_PINGPONG 1
 #endif
-#ifndef FA3_FP8_PINGPONG_VCOL256
-#define FA3_FP8_PINGPONG_VCOL256 0
-#endif
-static __host__ __device__ constexpr bool fa3_fp8_pingpong(int d, bool vcol) {
-    return FA3_FP8_PINGPONG && (d == 128 || (vcol && FA3_FP8_PINGPONG_VCOL256));
+static __host__ __device__ constexpr bool fa3_fp8_pingpong(int d) {
+    return FA3_FP8_PINGPONG && d == 128;
 }
 
 /* FA3_FP8_VT_SKIP=1 leaves the V^T stages unwritten (wrong results): the transpose's cost, for measuring. */
@@ -242,15 +239,6 @@ static __device__ __forceinline__ bool fa3_fp8_scores(float (&s)[FA3_FP8_BN / 2]
     return move;
 }
 
-template <bool VCOL>
-static __device__ __forceinline__ void fa3_fp8_pack(const float (&s)[FA3_FP8_BN / 2], uint32_t (&p)[FA3_FP8_BN / 8],
-                                                    int lane) {
-    if constexpr (VCOL)
-        fa3_fp8_pack_p_in_order<FA3_FP8_BN>(s, p, lane);
-    else
-        fa3_fp8_pack_p<FA3_FP8_BN>(s, p);
-}
-
 /* The K/V ring as the e4m3 consumers walk it: V^T stages beside K's, V ready from the V^T writer, V^T empty
  * back to it. */
 struct fa3_fp8_ring {
@@ -259,41 +247,40 @@ struct fa3_fp8_ring {
 };
 
 /* A tile's key blocks, overlapped: block 0's Q K^T and softmax; then per block i its Q K^T and P(i - 1) V(i - 1)
- * in one turn, the softmax of S(i) while the P V runs; the last P V in a turn of its own (nb + 1 turns). VCOL: the
- * V^T stages are the V ring's own (column-major V, loaded as V^T), and P keeps its keys in order. */
-template <int D, bool QRS, bool GENERAL, bool VCOL>
+ * in one turn, the softmax of S(i) while the P V runs; the last P V in a turn of its own (nb + 1 turns). */
+template <int D, bool QRS, bool GENERAL>
 static __device__ __forceinline__ void
 fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q, float (&s)[FA3_FP8_BN / 2],
              float (&o)[D / 2], uint32_t (&p)[FA3_FP8_BN / 8], float (&m)[2], float (&l)[2], const fa3_args &a,
              const fa3_fp8_scale &sc, const fa3_mask_info &mi, int n_min, int row0, int lane, int c, uint32_t q_empty) {
     constexpr int NWG = FA3_FP8_NWG, kKV = fa3_fp8_cfg<D>::kKVBytes;
     typedef fa3_pipe<FA3_STAGES> P;
-    typedef fa3_pipe<VCOL ? FA3_STAGES : fa3_fp8_cfg<D>::kVtStages> PT;
+    typedef fa3_pipe<fa3_fp8_cfg<D>::kVtStages> PT;
     const int quad = lane % 4;
     float factor[2];
     {
         const int st0 = P::stage(kv);
         hp_mbar_wait(r.k_full + 8 * st0, P::phase(kv));
-        fa3_pp_sync<fa3_fp8_pingpong(D, VCOL)>(c);
+        fa3_pp_sync<fa3_fp8_pingpong(D)>(c);
         fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st0 * kKV, 16, 1024));
-        fa3_pp_arrive<fa3_fp8_pingpong(D, VCOL), NWG>(c, false);
+        fa3_pp_arrive<fa3_fp8_pingpong(D), NWG>(c, false);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < FA3_FP8_BN / 2; ++i) hp_fence_reg(s[i]);
         fa3_release(r.k_empty + 8 * st0, lane);
         fa3_fp8_scores<GENERAL>(s, m, l, factor, a, sc, mi, n_min, row0, quad);
-        fa3_fp8_pack<VCOL>(s, p, lane);
+        fa3_fp8_pack_p<FA3_FP8_BN>(s, p);
         if (nb > 1) hp_mbar_wait(r.k_full + 8 * P::stage(kv + 1), P::phase(kv + 1));
     }
 #pragma unroll 1
     for (int i = 1; i < nb; ++i) {
         const int j = kv + i; /* K(i); V(i - 1) is use j - 1 */
         const int st = P::stage(j), sp = PT::stage(j - 1);
-        fa3_pp_sync<fa3_fp8_pingpong(D, VCOL)>(c);
+        fa3_pp_sync<fa3_fp8_pingpong(D)>(c);
         fa3_fp8_issue_qk<D, QRS>(s, q, hp_desc_sw128(r.s_k + st * kKV, 16, 1024));
         hp_mbar_wait(r.vt_ready + 8 * sp, PT::phase(j - 1));
         fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sp * kKV, 16, 1024));
-        fa3_pp_arrive<fa3_fp8_pingpong(D, VCOL), NWG>(c, false);
+        fa3_pp_arrive<fa3_fp8_pingpong(D), NWG>(c, false);
         hp_wgmma_wait<1>();
 #pragma unroll
         for (int jj = 0; jj < FA3_FP8_BN / 2; ++jj) hp_fence_reg(s[jj]);
@@ -304,15 +291,15 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
         fa3_fp8_pv_done<D>(o, p);
         fa3_release(r.vt_empty + 8 * sp, lane);
         if (move) fa3_rescale<D>(o, factor);
-        fa3_fp8_pack<VCOL>(s, p, lane);
+        fa3_fp8_pack_p<FA3_FP8_BN>(s, p);
     }
     /* every Q K^T of the tile has completed: the next tile's Q may land (QRS: released once loaded) */
     if (!QRS) fa3_release(q_empty, lane);
     const int jl = kv + nb - 1, sl = PT::stage(jl);
     hp_mbar_wait(r.vt_ready + 8 * sl, PT::phase(jl));
-    fa3_pp_sync<fa3_fp8_pingpong(D, VCOL)>(c);
+    fa3_pp_sync<fa3_fp8_pingpong(D)>(c);
     fa3_fp8_issue_pv<D>(o, p, hp_desc_sw128(r.s_vt + sl * kKV, 16, 1024));
-    fa3_pp_arrive<fa3_fp8_pingpong(D, VCOL), NWG>(c, true);
+    fa3_pp_arrive<fa3_fp8_pingpong(D), NWG>(c, true);
     hp_wgmma_wait<0>();
     fa3_fp8_pv_done<D>(o, p);
     fa3_release(r.vt_empty + 8 * sl, lane);
@@ -323,9 +310,8 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
 extern __shared__ __align__(1024) uint8_t fa3_fp8_smem[];
 
 /* TO: the type of O (__nv_bfloat16 or __half). GENERAL: softcap, left window edges and varlen batches. QRS:
- * Q K^T with Q from registers (fa3_fp8_qrs). VCOL: V column-major, loaded by TMA as V^T tiles into the V ring
- * (no writer warps; the consumers release the V stages). */
-template <int D, typename TO, bool GENERAL, bool QRS, bool VCOL>
+ * Q K^T with Q from registers (fa3_fp8_qrs). */
+template <int D, typename TO, bool GENERAL, bool QRS>
 __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
     fa3_fp8_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ fa3_args a) {
@@ -343,7 +329,7 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
 
     const uint32_t bar_vt_ready = s_q + C::kOffVtReady, bar_vt_empty = s_q + C::kOffVtEmpty;
     if (threadIdx.x == 0) {
-        B::init(bars, false, 1, VCOL ? 4 * NWG : 96); /* V empty: every consumer warp, or every V^T writer thread */
+        B::init(bars, false, 1, 96); /* V empty: every V^T writer thread */
         for (int i = 0; i < C::kVtStages; ++i) {
             hp_mbar_init(bar_vt_ready + 8 * i, 3);
             hp_mbar_init(bar_vt_empty + 8 * i, 4 * NWG);
@@ -356,8 +342,8 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
         if (threadIdx.x == 0)
-            fa3_producer<D, BN, NWG, GENERAL, 1, VCOL>(a, tm_q, tm_k, tm_v, smem, varlen);
-        else if (threadIdx.x >= 32 && !VCOL)
+            fa3_producer<D, BN, NWG, GENERAL, 1>(a, tm_q, tm_k, tm_v, smem, varlen);
+        else if (threadIdx.x >= 32)
             fa3_fp8_vt_writer<D>(s_v, s_vt, bars + B::kVFull, bars + B::kVEmpty, bar_vt_ready, bar_vt_empty,
                                  bars + B::kVValid);
     } else {
@@ -366,9 +352,7 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
         const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
         fa3_fp8_qop<D, QRS> q;
         q.desc = hp_desc_sw128(s_q + c * C::kQBytes, 16, 1024);
-        const fa3_fp8_ring r =
-            VCOL ? fa3_fp8_ring{ s_k, s_v, bars + B::kKFull, bars + B::kKEmpty, bars + B::kVFull, bars + B::kVEmpty }
-                 : fa3_fp8_ring{ s_k, s_vt, bars + B::kKFull, bars + B::kKEmpty, bar_vt_ready, bar_vt_empty };
+        const fa3_fp8_ring r = { s_k, s_vt, bars + B::kKFull, bars + B::kKEmpty, bar_vt_ready, bar_vt_empty };
         int kv = 0, q_uses = 0;
         for (int k = 0;; ++k) {
             const int slot = fa3_pipe<2>::stage(k);
@@ -392,15 +376,15 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
                 uint32_t p[BN / 8];
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-                fa3_pp_first_turn<fa3_fp8_pingpong(D, VCOL), NWG>(c);
+                fa3_pp_first_turn<fa3_fp8_pingpong(D), NWG>(c);
                 hp_mbar_wait(bar_q_full + 8 * c, fa3_pipe<1>::phase(q_uses));
                 if constexpr (QRS) {
                     fa3_fp8_load_q_frag<D>(q.frag, s_q + c * C::kQBytes, warp, lane);
                     __syncwarp();
                     fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
                 }
-                fa3_fp8_tile<D, QRS, GENERAL, VCOL>(nb, kv, r, q, s, o, p, m, l, a, sc, mi, g.n_min, row0, lane, c,
-                                                    bar_q_empty + 8 * c);
+                fa3_fp8_tile<D, QRS, GENERAL>(nb, kv, r, q, s, o, p, m, l, a, sc, mi, g.n_min, row0, lane, c,
+                                              bar_q_empty + 8 * c);
                 kv += nb;
                 ++q_uses;
             }
@@ -415,11 +399,11 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
 }
 
 /* Launches the e4m3 kernel of head dim D on the persistent grid; out_bf16: O in bf16, else f16. */
-template <int D, bool OUT_BF16, bool GENERAL, bool VCOL>
+template <int D, bool OUT_BF16, bool GENERAL>
 static fa_status fa3_fp8_launch(const fa3_problem *pr, cudaStream_t stream) {
     typedef fa3_fp8_cfg<D> C;
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
-        fa3_fp8_fwd_kernel<D, typename fa3_elem<OUT_BF16>::type, GENERAL, fa3_fp8_qrs(D), VCOL>;
+        fa3_fp8_fwd_kernel<D, typename fa3_elem<OUT_BF16>::type, GENERAL, fa3_fp8_qrs(D)>;
     cudaError_t err =
         cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 e4m3 forward: setting the shared-memory size");
@@ -429,20 +413,12 @@ static fa_status fa3_fp8_launch(const fa3_problem *pr, cudaStream_t stream) {
     return FA_OK;
 }
 
-template <int D, bool VCOL>
-static fa_status fa3_fp8_run_v(const fa3_problem *pr, int out_bf16, cudaStream_t stream) {
+template <int D>
+static fa_status fa3_fp8_run(const fa3_problem *pr, int out_bf16, cudaStream_t stream) {
     const bool general = fa3_needs_general(&pr->args);
     if (out_bf16)
-        return general ? fa3_fp8_launch<D, true, true, VCOL>(pr, stream)
-                       : fa3_fp8_launch<D, true, false, VCOL>(pr, stream);
-    return general ? fa3_fp8_launch<D, false, true, VCOL>(pr, stream)
-                   : fa3_fp8_launch<D, false, false, VCOL>(pr, stream);
-}
-
-/* v_columns: V column-major (fa3_fwd_run made tm_v a map of V^T tiles). */
-template <int D>
-static fa_status fa3_fp8_run(const fa3_problem *pr, int out_bf16, int v_columns, cudaStream_t stream) {
-    return v_columns ? fa3_fp8_run_v<D, true>(pr, out_bf16, stream) : fa3_fp8_run_v<D, false>(pr, out_bf16, stream);
+        return general ? fa3_fp8_launch<D, true, true>(pr, stream) : fa3_fp8_launch<D, true, false>(pr, stream);
+    return general ? fa3_fp8_launch<D, false, true>(pr, stream) : fa3_fp8_launch<D, false, false>(pr, stream);
 }
 
 #endif /* FLASHATTN_CUDA_FA3_FP8_FWD_CUH */

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_fp8_fwd_hdim256.cu - the e4m3 FA3 forward's instances for head dim 256 (fa3_fp8_fwd.cuh): O in bf16 or f16,
- * each with and without softcap, left window edges and varlen batches, V row- or column-major.
+ * each with and without softcap, left window edges and varlen batches.
  */
 #include "cuda/fa3_fp8_fwd.cuh"
 
-fa_status fa3_fp8_run_hdim256(const fa3_problem *pr, int out_bf16, int v_columns, cudaStream_t stream) {
-    return fa3_fp8_run<256>(pr, out_bf16, v_columns, stream);
+fa_status fa3_fp8_run_hdim256(const fa3_problem *pr, int out_bf16, cudaStream_t stream) {
+    return fa3_fp8_run<256>(pr, out_bf16, stream);
 }

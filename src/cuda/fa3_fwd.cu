@@ -90,21 +90,16 @@ static fa_status fa3_fp8_supported(const fa_params *p) {
                        "descale per (batch entry, head) (0); the cpu backend takes blocks",
                        (int)p->descale_block_q, (int)p->descale_block_k);
     const int dense = !fa_is_varlen(p);
-    if (fa_v_columns(p) && !dense)
-        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 e4m3 forward: a column-major v takes a dense batch (in a varlen batch "
-                                           "a sequence's last key block would read the next one's keys)");
     const fa_tensor *ts[3] = { &p->q, &p->k, &p->v };
     const char *names[3] = { "q", "k", "v" };
     for (int i = 0; i < 3; i++) {
         const fa_tensor *t = ts[i];
         const int heads = i == 0 ? p->heads_q : p->heads_kv;
-        const int64_t step = i == 2 && fa_v_columns(p) ? fa_stride_dim(t) : t->stride_seq; /* rows of a TMA box */
-        if (step % 16 || (heads > 1 && t->stride_head % 16) || (dense && p->batch > 1 && t->stride_batch % 16))
+        if (t->stride_seq % 16 || (heads > 1 && t->stride_head % 16) || (dense && p->batch > 1 && t->stride_batch % 16))
             return fa_fail(FA_ERR_UNSUPPORTED,
-                           "fa3 e4m3 forward: the strides of %s (batch %lld, %s %lld, head %lld) are not multiples "
+                           "fa3 e4m3 forward: the strides of %s (batch %lld, seq %lld, head %lld) are not multiples "
                            "of 16 elements (TMA moves 16-byte units)",
-                           names[i], (long long)t->stride_batch, i == 2 && fa_v_columns(p) ? "dim" : "seq",
-                           (long long)step, (long long)t->stride_head);
+                           names[i], (long long)t->stride_batch, (long long)t->stride_seq, (long long)t->stride_head);
     }
     return FA_OK;
 }
@@ -137,7 +132,7 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: empty Q or K tensor");
     if ((st = fa3_check_tensor("q", &p->q, dense, p->batch, p->heads_q)) != FA_OK) return st;
     if ((st = fa3_check_tensor("k", &p->k, dense, p->batch, p->heads_kv)) != FA_OK) return st;
-    if (!fa_v_columns(p) && (st = fa3_check_tensor("v", &p->v, dense, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("v", &p->v, dense, p->batch, p->heads_kv)) != FA_OK) return st;
     if ((st = fa3_check_tensor("o", &p->o, dense, p->batch, p->heads_q)) != FA_OK) return st;
     return FA_OK;
 }
@@ -404,18 +399,15 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
 
     if ((st = make_map(&pr.tm_q, p, &p->q, p->heads_q, 64)) != FA_OK) return st;
     if ((st = make_map(&pr.tm_k, p, &p->k, p->heads_kv, block_n)) != FA_OK) return st;
-    const int v_columns = fa_v_columns(p);
-    st = v_columns ? fa3_tensor_map_columns(&pr.tm_v, p, &p->v, p->seqlen_k, p->heads_kv, block_n)
-                   : make_map(&pr.tm_v, p, &p->v, p->heads_kv, block_n);
-    if (st != FA_OK) return st;
+    if ((st = make_map(&pr.tm_v, p, &p->v, p->heads_kv, block_n)) != FA_OK) return st;
     if (p->dtype == FA_E4M3) { /* O (out_dtype) is written from registers: no map */
         const int out_bf16 = p->out_dtype == FA_BF16;
         switch (p->head_dim) {
 #if FA_HAS_HDIM_128
-        case 128: return fa3_fp8_run_hdim128(&pr, out_bf16, v_columns, stream);
+        case 128: return fa3_fp8_run_hdim128(&pr, out_bf16, stream);
 #endif
 #if FA_HAS_HDIM_256
-        case 256: return fa3_fp8_run_hdim256(&pr, out_bf16, v_columns, stream);
+        case 256: return fa3_fp8_run_hdim256(&pr, out_bf16, stream);
 #endif
         default: return fa_fail(FA_ERR_INTERNAL, "fa3 e4m3 forward: no launcher for head_dim %d", p->head_dim);
         }

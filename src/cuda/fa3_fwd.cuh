@@ -152,8 +152,8 @@ fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block
 fa_status fa3_run_hdim128(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
 fa_status fa3_run_hdim256(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
 /* The e4m3 kernel's launchers (fa3_fp8_fwd_hdim*.cu): O in bf16 (out_bf16) or f16. */
-fa_status fa3_fp8_run_hdim128(const fa3_problem *pr, int out_bf16, int v_columns, cudaStream_t stream);
-fa_status fa3_fp8_run_hdim256(const fa3_problem *pr, int out_bf16, int v_columns, cudaStream_t stream);
+fa_status fa3_fp8_run_hdim128(const fa3_problem *pr, int out_bf16, cudaStream_t stream);
+fa_status fa3_fp8_run_hdim256(const fa3_problem *pr, int out_bf16, cudaStream_t stream);
 
 /* Whether this build carries sm_90a code (fa3_fwd.cu), and whether TMA can move tensor t (16-byte aligned,
  * strides positive multiples of 8 elements; a message naming it when not). */
@@ -167,10 +167,6 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
  * tokens of a varlen batch, whose batch extent is 1), moving boxes of box_rows x head_dim (tensor_map.cu). */
 fa_status fa3_tensor_map_rows(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int64_t rows, int heads,
                               int box_rows);
-/* The 5-D view {keys, head_dim, heads, batch, 1} of a column-major e4m3 tensor t (keys contiguous), moving boxes of
- * box_keys x head_dim: [head_dim rows][box_keys bytes], the V^T tiles of the e4m3 kernel (tensor_map.cu). */
-fa_status fa3_tensor_map_columns(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int64_t keys, int heads,
-                                 int box_keys);
 
 /* Where a tile's keys are in global memory, for S computed again (fa3_mma_scores): written by the producer
  * beside the tile's geometry, in the same ring of four (see kSharedGeo in the kernel). */
@@ -1468,8 +1464,8 @@ static __device__ __forceinline__ bool fa3_consumer_tile(const fa3_args &a, int 
 /* The producer's loads of a tile with key blocks (one thread). K(i) goes out before V(i - 1): with the overlap,
  * Q K(i)^T is issued before P(i - 1) V(i - 1). The first K block goes before Q, which may wait for the previous
  * tile's epilogue. kv: the K/V ring's use number of the tile's first block; q_loads: the Q tiles', counted on
- * here. VCOL: V is column-major (e4m3), its map (keys, head dim, heads, batch) loads V^T tiles. */
-template <int D, int BN, int NWG, int EB = 2, bool VCOL = false>
+ * here. */
+template <int D, int BN, int NWG, int EB = 2>
 static __device__ __forceinline__ void fa3_load_tile(const fa3_args &a, const fa3_tile &g, int &kv, int &q_loads,
                                                      bool varlen, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
                                                      const CUtensorMap &tm_v, uint8_t *smem) {
@@ -1508,11 +1504,8 @@ static __device__ __forceinline__ void fa3_load_tile(const fa3_args &a, const fa
             FA3_EV(FA3_EV_VLOAD, i - 1);
             v_valid[st] = min(BN, g.len_k - (g.n_min + i - 1) * BN);
             hp_mbar_arrive_expect_tx(bars + B::kVFull + 8 * st, C::kKVBytes);
-            const int key0 = g.tok_k + (g.n_min + i - 1) * BN;
-            if (VCOL)
-                hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bars + B::kVFull + 8 * st, key0, 0, hk, bq, 0);
-            else
-                hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bars + B::kVFull + 8 * st, 0, key0, 0, hk, bq);
+            hp_tma_load_5d(s_v + st * C::kKVBytes, &tm_v, bars + B::kVFull + 8 * st, 0,
+                           g.tok_k + (g.n_min + i - 1) * BN, 0, hk, bq);
         }
     }
     kv += g.nblocks;
@@ -1521,7 +1514,7 @@ static __device__ __forceinline__ void fa3_load_tile(const fa3_args &a, const fa
 /* Warpgroup 0's first thread: claims the tiles (fa3_sched), publishes each one's index (with kSharedGeo also its
  * geometry) to the consumers in the two index slots, and loads its Q, K and V (fa3_load_tile). EB = 1 (e4m3):
  * the V^T writer waits for every V block, as the varlen V fixer does. */
-template <int D, int BN, int NWG, bool GENERAL, int EB = 2, bool VCOL = false>
+template <int D, int BN, int NWG, bool GENERAL, int EB = 2>
 static __device__ __forceinline__ void fa3_producer(const fa3_args &a, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
                                                     const CUtensorMap &tm_v, uint8_t *smem, bool varlen) {
     typedef fa3_cfg<D, BN, NWG, EB> C;
@@ -1553,15 +1546,14 @@ static __device__ __forceinline__ void fa3_producer(const fa3_args &a, const CUt
         FA3_EV(FA3_EV_PTILE, tile);
         if (!C::kSharedGeo) valid = fa3_sched::tile_get<C::kBlockM, BN, C::kSkipIdle, GENERAL, C::kFastDiv>(a, tile, g);
         if (valid && g.nblocks > 0) {
-            fa3_load_tile<D, BN, NWG, EB, VCOL>(a, g, kv, q_loads, varlen, tm_q, tm_k, tm_v, smem);
+            fa3_load_tile<D, BN, NWG, EB>(a, g, kv, q_loads, varlen, tm_q, tm_k, tm_v, smem);
         }
         /* The next tile is claimed once this one's loads are out (about two blocks before the consumers finish
          * it), not when it starts: the SM that frees up first takes the next tile of the order (measured 1-3%
          * faster at head dim 128). */
         claim = fa3_sched::next_claim(a, claim, k == 0);
     }
-    if (varlen ||
-        (EB == 1 && !VCOL)) { /* tell the V fixer (V^T writer) that no block follows: a V full phase, no transfer */
+    if (varlen || EB == 1) { /* tell the V fixer (V^T writer) that no block follows: a phase of V full, no transfer */
         const int st = fa3_pipe<FA3_STAGES>::stage(kv);
         hp_mbar_wait(bars + B::kVEmpty + 8 * st, fa3_pipe<FA3_STAGES>::empty_phase(kv));
         v_valid[st] = -1;

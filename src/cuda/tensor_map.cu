@@ -114,13 +114,3 @@ fa_status fa3_tensor_map_rows(CUtensorMap *map, const fa_params *p, const fa_ten
     const uint32_t box[5] = { (uint32_t)slab, (uint32_t)box_rows, (uint32_t)(p->head_dim / slab), 1, 1 };
     return fa3_tensor_map(map, p->dtype, t->data, dims, strides, box);
 }
-
-fa_status fa3_tensor_map_columns(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int64_t keys, int heads,
-                                 int box_keys) {
-    const int batch = fa_is_varlen(p) ? 1 : p->batch; /* e4m3: one byte per element */
-    const uint64_t dims[5] = { (uint64_t)keys, (uint64_t)p->head_dim, (uint64_t)heads, (uint64_t)batch, 1 };
-    const uint64_t strides[4] = { (uint64_t)fa_stride_dim(t), heads > 1 ? (uint64_t)t->stride_head : 16,
-                                  batch > 1 ? (uint64_t)t->stride_batch : 16, 16 };
-    const uint32_t box[5] = { (uint32_t)box_keys, (uint32_t)p->head_dim, 1, 1, 1 };
-    return fa3_tensor_map(map, p->dtype, t->data, dims, strides, box);
-}
