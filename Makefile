@@ -19,9 +19,10 @@
 #        default CUDA_HOME/lib64), OMP=0 (no OpenMP), NATIVE=1 (-march=native: for this machine only, the CPU
 #        kernels without their run-time choice of instruction set), BUILD=dir,
 #        CFLAGS/LDFLAGS (appended), FA_NAIVE=0 (no naive cuBLAS backend), FA_HDIMS="64 128" (CUDA kernels for
-#        these head dims only, of 32 64 96 128 192 256: a shorter build), FA_TUNING=1 (the FA3 developer knobs
-#        FLASHATTN_FA3_* and the kernel instances only they reach, for measuring). Give a build with FA_NAIVE,
-#        FA_HDIMS, FA_TUNING or NATIVE=1 its own BUILD=dir: objects do not record the flags they were built with.
+#        these head dims only, of 32 64 96 128 192 256: a shorter build), FA_TUNING=1 (the developer knobs
+#        FLASHATTN_FA3_* and FLASHATTN_DECODE_SPLITS and the kernel instances only they reach, for measuring).
+#        Give a build with FA_NAIVE, FA_HDIMS, FA_TUNING or NATIVE=1 its own BUILD=dir: objects do not record the
+#        flags they were built with.
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
@@ -322,14 +323,14 @@ test-cpu-simd: $(BUILD)/flashattn $(TEST_BIN)
 
 # The command line: its exit codes and option parsing (tests/cli_exit_codes.sh), and what the C tests do not reach
 # of bench's outputs, sweeps, plots and --version (tests/cli_bench.sh). Then: a library built without FA_TUNING
-# holds none of the FA3 developer knobs' names, so it cannot read them.
+# holds none of the developer knobs' names (FA3's, decode's), so it cannot read them.
 test-cli: $(BUILD)/flashattn $(BUILD)/libflashattn.so
 	@echo "== tests/cli_exit_codes.sh"; sh tests/cli_exit_codes.sh $(BUILD)/flashattn && \
 	echo "== tests/cli_bench.sh" && sh tests/cli_bench.sh $(BUILD)/flashattn && \
 	echo "== tests/no_cuda_libs.sh" && sh tests/no_cuda_libs.sh $(BUILD)/flashattn $(or $(CUDA_LIBDIR),none) $(PYTHON) && \
-	echo "== no FLASHATTN_FA3_* knob in $(BUILD)/libflashattn.so" && \
-	if [ "$(FA_TUNING)" != 1 ] && grep -q FLASHATTN_FA3_ $(BUILD)/libflashattn.so; then \
-	  echo "FAILED: $(BUILD)/libflashattn.so names a FLASHATTN_FA3_* variable without FA_TUNING"; exit 1; fi
+	echo "== no FLASHATTN_FA3_* or FLASHATTN_DECODE_* knob in $(BUILD)/libflashattn.so" && \
+	if [ "$(FA_TUNING)" != 1 ] && grep -q 'FLASHATTN_FA3_\|FLASHATTN_DECODE_' $(BUILD)/libflashattn.so; then \
+	  echo "FAILED: $(BUILD)/libflashattn.so names a developer knob without FA_TUNING"; exit 1; fi
 
 # Installs into a temporary prefix, then builds the README's example, tests/test_example.c and
 # examples/attention.c against it with pkg-config, once with the shared library (found at run time through the

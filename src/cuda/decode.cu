@@ -12,11 +12,22 @@
  * the waves they take (SMs x blocks per SM) times a block's time (the key tiles of one split, plus two for its
  * fixed part): the cheapest s, the fewest among equals, at most one split per key tile of the largest possible
  * cache length.
+ * A block of two row blocks reads each tile once but does twice the work of a block of one on it (scores,
+ * softmax, P V) and at its end (the merge; twice the rows of partial O written, then combined), with as many
+ * tiles in flight. On long splits (DECODE_LONG_SPLIT tiles or more) the tiles in flight set the pace and a wave
+ * holds SMs x blocks per SM of them; on shorter splits the work does, and such a block takes two of the wave's
+ * slots (a wave holds at least one block per SM). With two blocks per SM that is the split count of one row
+ * block per block, at half the blocks, each reading its tiles once for both row blocks.
  * It depends on host-known sizes only (the cache's capacity, never cache_seqlens), so a captured CUDA graph
  * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
  * and DECODE_MAX_SPLITS.
+ *
+ * Developer knob, only in a build with FA_TUNING (make FA_TUNING=1): FLASHATTN_DECODE_SPLITS = one (one row block
+ * per attention block everywhere) | blocks (waves always count blocks) | work (a block of two row blocks always
+ * takes two slots) | long (the default above); the shipped library reads none and runs the default.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "decode.cuh"
@@ -39,9 +50,39 @@ static int64_t kv_capacity(const fa_kvcache *kv) {
     return kv->block_table ? (int64_t)kv->max_pages * kv->page_size : kv->seqlen_cache;
 }
 
+/* How the split count and the row blocks per attention block are chosen (the header's model: DECODE_SPLITS_LONG;
+ * the others only in FA_TUNING builds). */
+enum { DECODE_SPLITS_LONG, DECODE_SPLITS_WORK, DECODE_SPLITS_BLOCKS, DECODE_SPLITS_ONE };
+#define DECODE_LONG_SPLIT 32
+
+#ifdef FA_TUNING
+static int splits_rule_read(void) {
+    static const struct {
+        const char *name;
+        int rule;
+    } rules[] = { { "long", DECODE_SPLITS_LONG },
+                  { "work", DECODE_SPLITS_WORK },
+                  { "blocks", DECODE_SPLITS_BLOCKS },
+                  { "one", DECODE_SPLITS_ONE } };
+    const char *s = getenv("FLASHATTN_DECODE_SPLITS");
+    for (size_t i = 0; s != NULL && i < sizeof rules / sizeof rules[0]; i++)
+        if (strcmp(s, rules[i].name) == 0) return rules[i].rule;
+    return DECODE_SPLITS_LONG;
+}
+
+static int splits_rule(void) {
+    static const int rule = splits_rule_read(); /* initialised once, thread-safely (C++ static) */
+    return rule;
+}
+#else
+static int splits_rule(void) {
+    return DECODE_SPLITS_LONG;
+}
+#endif
+
 /* Blocks of 16 query rows per attention block. */
 static int row_blocks_for(const fa_params *p) {
-    return (int64_t)(p->heads_q / p->heads_kv) * p->seqlen_q > 16 ? 2 : 1;
+    return (int64_t)(p->heads_q / p->heads_kv) * p->seqlen_q > 16 && splits_rule() != DECODE_SPLITS_ONE ? 2 : 1;
 }
 
 /* K/V tiles in the attention kernel's ring: the most its head dim takes that fit the device's shared memory
@@ -60,6 +101,18 @@ typedef struct decode_plan {
     size_t workspace;   /* bytes: partial O and LSE when split */
 } decode_plan;
 
+/* The split count of the header's cost model for `blocks` attention blocks over `tiles` key tiles with `wave`
+ * of them at once; + 2: a block's fixed part (Q, filling the ring, the warps' merge, the epilogue) in tiles'
+ * time. */
+static int64_t cheapest_splits(int64_t blocks, int64_t tiles, int64_t max_splits, int64_t wave) {
+    int64_t best = INT64_MAX, splits = 1;
+    for (int64_t s = 1; s <= max_splits; s++) {
+        const int64_t waves = (blocks * s + wave - 1) / wave, cost = waves * ((tiles + s - 1) / s + 2);
+        if (cost < best) best = cost, splits = s;
+    }
+    return splits;
+}
+
 static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
     decode_plan pl;
     const int64_t rows = (int64_t)(p->heads_q / p->heads_kv) * p->seqlen_q;
@@ -77,14 +130,14 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        /* the cost model of the file's header; + 2: a block's fixed part (Q, filling the ring, the warps'
-         * merge, the epilogue) in tiles' time */
+        /* the cost model of the file's header, waves of blocks first; a block of two row blocks on short splits
+         * takes two slots */
         const int64_t wave = (int64_t)dev->sm_count * pl.per_sm;
-        int64_t best = INT64_MAX;
-        for (int64_t s = 1; s <= max_splits; s++) {
-            const int64_t waves = (blocks * s + wave - 1) / wave, cost = waves * ((tiles + s - 1) / s + 2);
-            if (cost < best) best = cost, splits = s;
-        }
+        const int64_t work_wave = wave / pl.row_blocks > dev->sm_count ? wave / pl.row_blocks : dev->sm_count;
+        const int rule = splits_rule();
+        splits = cheapest_splits(blocks, tiles, max_splits, rule == DECODE_SPLITS_WORK ? work_wave : wave);
+        if (rule == DECODE_SPLITS_LONG && (tiles + splits - 1) / splits < DECODE_LONG_SPLIT)
+            splits = cheapest_splits(blocks, tiles, max_splits, work_wave);
     }
     pl.num_splits = (int)splits;
     pl.workspace = 0;
@@ -178,6 +231,10 @@ extern "C" void decode_describe(const fa_params *p, const fa_kvcache *kv, const 
              (long long)((kv_capacity(kv) + decode_block_n() - 1) / decode_block_n()), decode_block_n(),
              (long long)ctas, p->batch, p->heads_kv, (long long)pl.m_groups, 16 * pl.row_blocks, pl.per_sm, pl.stages,
              pl.num_splits > 1 ? "; a combine pass over the splits" : "");
+#ifdef FA_TUNING
+    const size_t n = strlen(buf);
+    if (n < size) snprintf(buf + n, size - n, " [tuning build: FLASHATTN_DECODE_SPLITS may change this]");
+#endif
 }
 
 template <typename T>
