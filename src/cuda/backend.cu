@@ -88,7 +88,7 @@ extern "C" int fa_cuda_is_device_pointer(const void *ptr) {
     return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
-/* A tuning build (FA_TUNING: the FA3 developer knobs, fa3_fwd.cu) says so, since its timings may not be the
+/* A tuning build (FA_TUNING: the developer knobs of fa3_fwd.cu and decode.cu) says so, since its timings may not be the
  * defaults'. */
 #ifdef FA_TUNING
 #define FA_TUNING_INFO " tuning=1"

@@ -4,11 +4,19 @@
  * split count, the workspace, and the launches (append, attention, combine) on the stream. The kernels are in
  * decode.cuh; the attention kernel is instantiated once per head dim in decode_hdim*.cu.
  *
+ * Row blocks: more than 16 query rows per kv head (MQA, long query groups) go two blocks of 16 to an attention
+ * block, whose two sets of warps share every K/V tile it loads.
+ *
  * Split count (kv->num_splits = 0): a block moves its keys at a rate of its own (a wave with idle slots is not
- * faster per block), so s splits of the blocks of one split (batch x kv heads x blocks of 16 query rows) cost
+ * faster per block), so s splits of the blocks of one split (batch x kv heads x groups of query rows) cost
  * the waves they take (SMs x blocks per SM) times a block's time (the key tiles of one split, plus two for its
  * fixed part): the cheapest s, the fewest among equals, at most one split per key tile of the largest possible
  * cache length.
+ * A block of two row blocks reads each tile once but does twice the work of a block of one on it (scores,
+ * softmax, P V) and at its end (the merge; twice the rows of partial O written, then combined), and that work,
+ * not the tiles in flight, sets its pace: it takes two of a wave's slots (a wave holds at least one block per SM).
+ * With two blocks per SM that is the split count of one row block per block, at half the blocks, each reading its
+ * tiles once for both row blocks.
  * It depends on host-known sizes only (the cache's capacity, never cache_seqlens), so a captured CUDA graph
  * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
  * and DECODE_MAX_SPLITS.
@@ -36,44 +44,59 @@ static int64_t kv_capacity(const fa_kvcache *kv) {
     return kv->block_table ? (int64_t)kv->max_pages * kv->page_size : kv->seqlen_cache;
 }
 
+/* Blocks of 16 query rows per attention block. */
+static int row_blocks_for(const fa_params *p) {
+    return (int64_t)(p->heads_q / p->heads_kv) * p->seqlen_q > 16 ? 2 : 1;
+}
+
 /* K/V tiles in the attention kernel's ring: the most its head dim takes that fit the device's shared memory
  * per block (2 where none does: decode_supported refuses it). */
-static int stages_for(int head_dim, const fa_cuda_device *dev) {
+static int stages_for(int head_dim, int row_blocks, const fa_cuda_device *dev) {
     const int most = decode_stages_max(head_dim);
-    return most > 2 && decode_smem_bytes(head_dim, most) > fa_cuda_smem_limit(dev) ? 2 : most;
+    return most > 2 && decode_smem_bytes(head_dim, most, row_blocks) > fa_cuda_smem_limit(dev) ? 2 : most;
 }
 
 /* The launch geometry of a call. */
 typedef struct decode_plan {
-    int64_t m_blocks;
+    int64_t m_blocks, m_groups; /* blocks of 16 query rows per kv head; attention blocks they take */
+    int row_blocks;
     int num_splits;
     int stages, per_sm; /* K/V tiles in the ring; attention blocks an SM holds at once */
     size_t workspace;   /* bytes: partial O and LSE when split */
 } decode_plan;
 
+/* The split count of the header's cost model for `blocks` attention blocks over `tiles` key tiles with `wave`
+ * of them at once; + 2: a block's fixed part (Q, filling the ring, the warps' merge, the epilogue) in tiles'
+ * time. */
+static int64_t cheapest_splits(int64_t blocks, int64_t tiles, int64_t max_splits, int64_t wave) {
+    int64_t best = INT64_MAX, splits = 1;
+    for (int64_t s = 1; s <= max_splits; s++) {
+        const int64_t waves = (blocks * s + wave - 1) / wave, cost = waves * ((tiles + s - 1) / s + 2);
+        if (cost < best) best = cost, splits = s;
+    }
+    return splits;
+}
+
 static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev) {
     decode_plan pl;
     const int64_t rows = (int64_t)(p->heads_q / p->heads_kv) * p->seqlen_q;
     pl.m_blocks = (rows + 15) / 16;
-    const int64_t blocks = (int64_t)p->batch * p->heads_kv * pl.m_blocks;
+    pl.row_blocks = row_blocks_for(p);
+    pl.m_groups = (pl.m_blocks + pl.row_blocks - 1) / pl.row_blocks;
+    const int64_t blocks = (int64_t)p->batch * p->heads_kv * pl.m_groups;
     const int64_t tiles = (kv_capacity(kv) + decode_block_n() - 1) / decode_block_n();
     const int64_t max_splits = tiles < DECODE_MAX_SPLITS ? (tiles > 0 ? tiles : 1) : DECODE_MAX_SPLITS;
     int64_t splits = 1;
-    pl.stages = stages_for(p->head_dim, dev);
-    const size_t smem = decode_smem_bytes(p->head_dim, pl.stages);
+    pl.stages = stages_for(p->head_dim, pl.row_blocks, dev);
+    const size_t smem = decode_smem_bytes(p->head_dim, pl.stages, pl.row_blocks);
     int per_sm = (int)(dev->smem_per_sm / (smem + dev->smem_reserved));
     pl.per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        /* the cost model of the file's header; + 2: a block's fixed part (Q, filling the ring, the warps'
-         * merge, the epilogue) in tiles' time */
-        const int64_t wave = (int64_t)dev->sm_count * pl.per_sm;
-        int64_t best = INT64_MAX;
-        for (int64_t s = 1; s <= max_splits; s++) {
-            const int64_t waves = (blocks * s + wave - 1) / wave, cost = waves * ((tiles + s - 1) / s + 2);
-            if (cost < best) best = cost, splits = s;
-        }
+        /* the cost model of the file's header; a block of two row blocks takes two of a wave's slots */
+        const int64_t slots = (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks;
+        splits = cheapest_splits(blocks, tiles, max_splits, slots > dev->sm_count ? slots : dev->sm_count);
     }
     pl.num_splits = (int)splits;
     pl.workspace = 0;
@@ -115,8 +138,8 @@ extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, 
                        "the CUDA decode kernels need compute capability 8.0 or newer (device %d "
                        "is %d.%d)",
                        dev->ordinal, dev->cc_major, dev->cc_minor);
-    const int stages = stages_for(p->head_dim, dev);
-    const size_t smem = decode_smem_bytes(p->head_dim, stages), limit = fa_cuda_smem_limit(dev);
+    const int row_blocks = row_blocks_for(p), stages = stages_for(p->head_dim, row_blocks, dev);
+    const size_t smem = decode_smem_bytes(p->head_dim, stages, row_blocks), limit = fa_cuda_smem_limit(dev);
     if (smem > limit)
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "the CUDA decode kernel for head_dim %d needs %zu bytes of shared memory "
@@ -134,11 +157,11 @@ extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, 
                        "key range",
                        (long long)kv_capacity(kv));
     const decode_plan pl = plan_get(p, kv, dev);
-    if (p->batch > 65535 || p->heads_kv * pl.m_blocks > 65535)
+    if (p->batch > 65535 || p->heads_kv * pl.m_groups > 65535)
         return fa_fail(FA_ERR_UNSUPPORTED,
-                       "batch (%d) and heads_kv x ceil(heads_q / heads_kv x seqlen_q / 16) (%lld) "
+                       "batch (%d) and heads_kv x ceil(heads_q / heads_kv x seqlen_q / %d) (%lld) "
                        "must be <= 65535 for the CUDA decode grids",
-                       p->batch, (long long)(p->heads_kv * pl.m_blocks));
+                       p->batch, 16 * pl.row_blocks, (long long)(p->heads_kv * pl.m_groups));
     cudaError_t err = fa_cuda_device_is_virtual(dev) ? cudaSuccess : launch(NULL, p->dtype, stages, 0);
     if (err != cudaSuccess) {
         cudaGetLastError();
@@ -159,13 +182,13 @@ extern "C" size_t decode_workspace_size(const fa_params *p, const fa_kvcache *kv
 extern "C" void decode_describe(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev, char *buf,
                                 size_t size) {
     const decode_plan pl = plan_get(p, kv, dev);
-    const int64_t ctas = (int64_t)p->batch * p->heads_kv * pl.m_blocks * pl.num_splits;
+    const int64_t ctas = (int64_t)p->batch * p->heads_kv * pl.m_groups * pl.num_splits;
     snprintf(buf, size,
              "%s%d split%s of the cache's %lld rows (%lld %d-key tiles); %lld attention CTAs (batch %d x kv heads %d x "
-             "%lld blocks of 16 query rows x splits), %d per SM, a ring of %d K/V tiles%s",
+             "%lld groups of %d query rows x splits), %d per SM, a ring of %d K/V tiles%s",
              p->k.data ? "append, then " : "", pl.num_splits, pl.num_splits == 1 ? "" : "s", (long long)kv_capacity(kv),
              (long long)((kv_capacity(kv) + decode_block_n() - 1) / decode_block_n()), decode_block_n(),
-             (long long)ctas, p->batch, p->heads_kv, (long long)pl.m_blocks, pl.per_sm, pl.stages,
+             (long long)ctas, p->batch, p->heads_kv, (long long)pl.m_groups, 16 * pl.row_blocks, pl.per_sm, pl.stages,
              pl.num_splits > 1 ? "; a combine pass over the splits" : "");
 }
 
@@ -218,6 +241,7 @@ extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const 
     a.batch = p->batch, a.seqlen_q = p->seqlen_q, a.seqlen_new = p->seqlen_k;
     a.heads_q = p->heads_q, a.heads_kv = p->heads_kv, a.group = p->heads_q / p->heads_kv;
     a.rows = a.group * p->seqlen_q, a.m_blocks = (int32_t)pl.m_blocks;
+    a.row_blocks = pl.row_blocks, a.m_groups = (int32_t)pl.m_groups;
     a.head_dim = p->head_dim;
     a.scale = p->softmax_scale, a.softcap = p->softcap;
     a.window_left = p->window_left, a.window_right = p->window_right;
@@ -233,7 +257,7 @@ extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const 
     cudaError_t err = cudaSuccess;
     if (a.k_new && a.seqlen_new > 0)
         err = bf16 ? launch_append<__nv_bfloat16>(&a, stream) : launch_append<__half>(&a, stream);
-    if (err == cudaSuccess) err = launch(&a, p->dtype, stages_for(p->head_dim, dev), stream);
+    if (err == cudaSuccess) err = launch(&a, p->dtype, pl.stages, stream);
     if (err == cudaSuccess && pl.num_splits > 1)
         err = bf16 ? launch_combine<__nv_bfloat16>(&a, stream) : launch_combine<__half>(&a, stream);
     return fa_cuda_status(err, "CUDA decode launch");

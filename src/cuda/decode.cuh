@@ -8,11 +8,12 @@
  * (rotated in fp32 when rotary tables are given, rounded to the dtype) and value into the cache at row
  * cache_seqlens[b] + j, through the page table when paged.
  *
- * Attention: one block per (split of the keys, kv head x block of 16 query rows, sequence). The query heads
- * that share a kv head and the query tokens are the rows of one m16 tile (row r is token r / group of query
- * head kv_head * group + r % group), so each K/V byte is read once per kv head, not once per query head. The
- * block's keys come in tiles of 16 x warps rows by cp.async through a multi-stage ring (16-byte copies; one
- * address per thread and tile, fixed strides after it, where the tile lies in one page or the cache is
+ * Attention: one block per (split of the keys, kv head x one or two blocks of 16 query rows, sequence). The
+ * query heads that share a kv head and the query tokens are the rows of m16 tiles (row r is token r / group of
+ * query head kv_head * group + r % group), so each K/V byte is read once per kv head, not once per query head;
+ * with more than 16 rows (MQA, long query groups) a block takes two row blocks, a set of 4 warps each, which
+ * share every K/V tile. The block's keys come in tiles of 64 rows by cp.async through a multi-stage ring (16-byte
+ * copies; one address per thread and tile, fixed strides after it, where the tile lies in one page or the cache is
  * contiguous, else the page table read per row; rows past the sequence zero-filled and never read); each warp
  * takes 16 keys of a tile: S = Q K^T and O += P V with mma.sync m16n8k16, the scores made general (scale, softcap,
  * ALiBi, the bottom-right mask) element by element: the kernel waits on memory, not on arithmetic. Each warp keeps its
@@ -57,6 +58,8 @@ typedef struct decode_args {
     int32_t q_positions_local; /* query i sits at cache_seqlens + i (a mask is set), else at cache_seqlens */
     int32_t batch, seqlen_q, seqlen_new, heads_q, heads_kv, group;
     int32_t rows, m_blocks; /* rows = group * seqlen_q; m_blocks = ceil(rows / 16) */
+    int32_t row_blocks;     /* blocks of 16 rows per attention block: 2 where m_blocks >= 2, else 1 */
+    int32_t m_groups;       /* ceil(m_blocks / row_blocks) */
     int32_t head_dim;
     float scale, softcap;
     int32_t window_left, window_right; /* causal is window_right = 0 */
@@ -66,8 +69,8 @@ typedef struct decode_args {
     float *part_o, *part_lse; /* workspace (num_splits > 1): (splits, batch, heads_q, seqlen_q[, head_dim]) */
 } decode_args;
 
-/* Warps per attention block (each takes 16 keys of a tile) and K/V tiles in the ring. Head dims up to 128 keep
- * three tiles where they fit (the next one is requested before the oldest is waited for, so all three are in
+/* Warps per row block of an attention block (each takes 16 keys of a tile) and K/V tiles in the ring. Head dims up to
+ * 128 keep three tiles where they fit (the next one is requested before the oldest is waited for, so all three are in
  * flight during the wait; two blocks per SM on A100/H100), else two:
  * the 99 KB parts (sm_86, sm_89, sm_120) at d = 128, and every part above d = 128. */
 #define DECODE_WARPS 4
@@ -77,13 +80,15 @@ static constexpr __host__ __device__ int decode_stages_max(int d) {
 static constexpr __host__ __device__ int decode_block_n(void) {
     return DECODE_WARPS * 16;
 }
-/* Shared memory of the attention kernel: the Q tile (16 rows) and the K/V ring, rows padded by 16 bytes. */
-static constexpr __host__ __device__ size_t decode_smem_bytes(int d, int stages) {
-    return (size_t)(2 * d + 16) * (16 + 2 * stages * decode_block_n());
+/* Shared memory of the attention kernel: the Q tile (16 rows per row block) and the K/V ring, rows padded by 16
+ * bytes. */
+static constexpr __host__ __device__ size_t decode_smem_bytes(int d, int stages, int row_blocks) {
+    return (size_t)(2 * d + 16) * (16 * row_blocks + 2 * stages * decode_block_n());
 }
 
 /* One launcher per head dim (decode_hdim*.cu) for the attention kernel with `stages` K/V tiles (2, or 3 where
- * decode_stages_max allows): grid (num_splits, heads_kv x m_blocks, batch). With a == NULL it only checks that
+ * decode_stages_max allows) and a->row_blocks row blocks per block: grid (num_splits, heads_kv x m_groups,
+ * batch). With a == NULL it only checks that
  * this build holds the kernel for the current device. */
 #define DECODE_DECLARE_HDIM(D) \
     cudaError_t decode_attn_hdim##D(const decode_args *a, fa_dtype dtype, int stages, cudaStream_t stream)
@@ -238,7 +243,7 @@ __global__ void __launch_bounds__(DECODE_COMBINE_THREADS) decode_combine_kernel(
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Attention: grid (num_splits, heads_kv x m_blocks, batch)
+ * Attention: grid (num_splits, heads_kv x m_groups, batch)
  * ------------------------------------------------------------------------------------------------------- */
 
 /* Copies key tile n (keys n * BN ..) of sequence b, kv head hk, into sK and sV by cp.async: attended key j is
@@ -322,12 +327,12 @@ static __device__ __forceinline__ void decode_load_tile(const decode_args &a, in
     for (int i = 0; i < kIters && in_tile(i); i++) copy(i, ks[i], vs[i]);
 }
 
-template <typename T, int D, int STAGES>
-__global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __grid_constant__ decode_args a) {
+template <typename T, int D, int STAGES, int MB>
+__global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(const __grid_constant__ decode_args a) {
     typedef fa_elem<T> E;
-    constexpr int NW = DECODE_WARPS, kThreads = NW * 32, BN = decode_block_n();
+    constexpr int KW = DECODE_WARPS, NW = KW * MB, kThreads = NW * 32, BN = decode_block_n();
     constexpr int DT = D / 8; /* n8 tiles of O */
-    typedef fa_smem_tile<16, D> QTile;
+    typedef fa_smem_tile<16 * MB, D> QTile;
     typedef fa_smem_tile<BN, D> KVTile;
     constexpr uint32_t kStageBytes = 2 * KVTile::kBytes;
     static_assert(D % 16 == 0 && STAGES >= 2, "decode tile shape");
@@ -338,17 +343,19 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
     const uint32_t sQ = fa_smem_addr(decode_smem);
     const uint32_t sKV = sQ + QTile::kBytes;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int kw = warp % KW, rb = warp / KW; /* the warp's 16 keys of a tile, its row block */
 
-    const int split = blockIdx.x, mb = blockIdx.y % a.m_blocks, hk = blockIdx.y / a.m_blocks, b = blockIdx.z;
+    const int split = blockIdx.x, mg = blockIdx.y % a.m_groups, hk = blockIdx.y / a.m_groups, b = blockIdx.z;
     const int len_c = decode_seqlen(a, b), pad = decode_leftpad(a, b);
-    const int len_k = len_c + a.seqlen_new - pad; /* attended keys */
-    const int r0 = mb * 16, nrows = min(16, a.rows - r0);
-    const int64_t shift = (int64_t)len_k - a.seqlen_q; /* query i sits at key i + shift */
+    const int len_k = len_c + a.seqlen_new - pad;                   /* attended keys */
+    const int c0 = mg * MB * 16, crows = min(16 * MB, a.rows - c0); /* the block's rows */
+    const int r0 = c0 + 16 * rb, nrows = min(16, a.rows - r0);      /* the warp's (none: nrows <= 0) */
+    const int64_t shift = (int64_t)len_k - a.seqlen_q;              /* query i sits at key i + shift */
 
     /* Keys that some row of the block sees: [key_lo, key_hi); its tiles are shared out among the splits. */
     int64_t key_lo = 0, key_hi = len_k;
-    if (a.window_left >= 0) key_lo = max((int64_t)0, r0 / a.group + shift - a.window_left);
-    if (a.window_right >= 0) key_hi = min((int64_t)len_k, (r0 + nrows - 1) / a.group + shift + a.window_right + 1);
+    if (a.window_left >= 0) key_lo = max((int64_t)0, c0 / a.group + shift - a.window_left);
+    if (a.window_right >= 0) key_hi = min((int64_t)len_k, (c0 + crows - 1) / a.group + shift + a.window_right + 1);
     int n_begin = 0, n_end = 0;
     if (key_hi > key_lo) {
         const int t_lo = (int)(key_lo / BN), t_hi = (int)((key_hi + BN - 1) / BN);
@@ -383,10 +390,10 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
                                                   sKV + s * kStageBytes + KVTile::kBytes, tid);
         fa_cp_async_commit();
     }
-    for (int idx = tid; idx < 16 * (D / 8); idx += kThreads) {
-        const int r = idx / (D / 8), c = idx % (D / 8), pr = r0 + r;
+    for (int idx = tid; idx < 16 * MB * (D / 8); idx += kThreads) {
+        const int r = idx / (D / 8), c = idx % (D / 8), pr = c0 + r;
         uint4 x = make_uint4(0, 0, 0, 0);
-        if (r < nrows) {
+        if (r < crows) {
             const int i = pr / a.group, h = hk * a.group + pr % a.group;
             x = *(const uint4 *)((const T *)a.q + b * a.q_batch + i * a.q_row + h * a.q_head + c * 8);
         }
@@ -396,8 +403,8 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
         __syncthreads();
         /* each thread rotates whole pairs of a row: reads both, writes both */
         const int half = a.rotary_dim / 2;
-        for (int idx = tid; idx < nrows * half; idx += kThreads) {
-            const int r = idx / half, tt = idx % half, pr = r0 + r;
+        for (int idx = tid; idx < crows * half; idx += kThreads) {
+            const int r = idx / half, tt = idx % half, pr = c0 + r;
             const int64_t pos = len_c + (a.q_positions_local ? pr / a.group : 0);
             T *row = (T *)(decode_smem + QTile::offset(r, 0)); /* padded rows: contiguous within a row */
             const int c0 = a.rotary_interleaved ? 2 * tt : tt, c1 = a.rotary_interleaved ? 2 * tt + 1 : tt + half;
@@ -411,7 +418,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
 
     /* Q's A fragments: in registers up to d = 128, else read from the tile at each step. */
     constexpr bool kQInRegs = D <= 128;
-    const uint32_t q_addr = sQ + QTile::offset(lane % 16, lane / 16);
+    const uint32_t q_addr = sQ + QTile::offset(16 * rb + lane % 16, lane / 16);
     uint32_t qreg[kQInRegs ? D / 16 : 1][4];
     if constexpr (kQInRegs) {
 #pragma unroll
@@ -451,7 +458,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
         float s[2][4];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-        const uint32_t k_addr = sK + KVTile::offset(warp * 16 + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+        const uint32_t k_addr = sK + KVTile::offset(kw * 16 + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
             uint32_t kb[4], qa[4];
@@ -468,7 +475,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
 
         /* scores in log2 units: scale, softcap, ALiBi, then the mask (keys past the sequence included) where
          * some row of the block does not see every key of the tile */
-        const int j0 = n * BN + warp * 16 + 2 * t4;
+        const int j0 = n * BN + kw * 16 + 2 * t4;
         if (general) {
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
@@ -523,7 +530,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
         }
 
         /* O += P V */
-        const uint32_t v_addr = sV + KVTile::offset(warp * 16 + ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+        const uint32_t v_addr = sV + KVTile::offset(kw * 16 + ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
 #pragma unroll
         for (int dp = 0; dp < D / 16; dp++) {
             uint32_t vb[4];
@@ -533,7 +540,8 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
         }
     }
 
-    /* Merge the warps: each row's max M over the warps, every warp's O scaled by 2^(m_w - M) and summed. */
+    /* Merge the warps of each row block: each row's max M over them, every warp's O scaled by 2^(m_w - M) and
+     * summed. */
     fa_cp_async_wait<0>();
     __syncthreads();                                    /* the ring is free (no copy in flight, no warp reading) */
     float *ml = (float *)(decode_smem + QTile::kBytes); /* [NW][16][2]: max, sum */
@@ -552,7 +560,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
         const int r = g + 8 * hf;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < NW; w++) M = fmaxf(M, ml[(w * 16 + r) * 2]);
+        for (int w = 0; w < KW; w++) M = fmaxf(M, ml[((rb * KW + w) * 16 + r) * 2]);
         const float f = M == -INFINITY ? 0.0f : fa_exp2(row_max[hf] - M);
 #pragma unroll
         for (int dt = 0; dt < DT; dt++)
@@ -563,18 +571,18 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
 
     const bool direct = a.num_splits == 1;
     const int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q;
-    for (int idx = tid; idx < nrows * (D / 4); idx += kThreads) {
-        const int r = idx / (D / 4), c = idx % (D / 4) * 4, pr = r0 + r;
+    for (int idx = tid; idx < crows * (D / 4); idx += kThreads) {
+        const int r = idx / (D / 4), c = idx % (D / 4) * 4, pr = c0 + r, w0 = r / 16 * KW, rr = r % 16;
         const int i = pr / a.group, h = hk * a.group + pr % a.group;
         float M = -INFINITY, L = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NW; w++) M = fmaxf(M, ml[(w * 16 + r) * 2]);
+        for (int w = w0; w < w0 + KW; w++) M = fmaxf(M, ml[(w * 16 + rr) * 2]);
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (M != -INFINITY) {
 #pragma unroll
-            for (int w = 0; w < NW; w++) {
-                L += ml[(w * 16 + r) * 2 + 1] * fa_exp2(ml[(w * 16 + r) * 2] - M);
-                const float4 x = *(const float4 *)(red + (w * 16 + r) * D + c);
+            for (int w = w0; w < w0 + KW; w++) {
+                L += ml[(w * 16 + rr) * 2 + 1] * fa_exp2(ml[(w * 16 + rr) * 2] - M);
+                const float4 x = *(const float4 *)(red + (w * 16 + rr) * D + c);
                 o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
             }
         }
@@ -597,30 +605,36 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32) decode_attn_kernel(const __
 }
 
 /* Launches the attention kernel for head dim D, dtype T and STAGES K/V tiles. */
-template <typename T, int D, int STAGES>
+template <typename T, int D, int STAGES, int MB>
 static cudaError_t decode_attn_launch(const decode_args *a, cudaStream_t stream) {
-    void (*kernel)(const decode_args) = decode_attn_kernel<T, D, STAGES>;
+    void (*kernel)(const decode_args) = decode_attn_kernel<T, D, STAGES, MB>;
     if (!a) {
         cudaFuncAttributes attr;
         return cudaFuncGetAttributes(&attr, kernel);
     }
-    const int smem = (int)decode_smem_bytes(D, STAGES);
+    const int smem = (int)decode_smem_bytes(D, STAGES, MB);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     /* all of the SM's shared memory: the blocks per SM are what keeps enough copies in flight */
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    (int)cudaSharedmemCarveoutMaxShared);
     if (err != cudaSuccess) return err;
-    dim3 grid((unsigned)a->num_splits, (unsigned)(a->heads_kv * a->m_blocks), (unsigned)a->batch);
-    kernel<<<grid, DECODE_WARPS * 32, smem, stream>>>(*a);
+    dim3 grid((unsigned)a->num_splits, (unsigned)(a->heads_kv * a->m_groups), (unsigned)a->batch);
+    kernel<<<grid, DECODE_WARPS * 32 * MB, smem, stream>>>(*a);
     return cudaGetLastError();
+}
+
+template <typename T, int D, int STAGES>
+static cudaError_t decode_attn_launch_rows(const decode_args *a, cudaStream_t stream) {
+    return a && a->row_blocks == 2 ? decode_attn_launch<T, D, STAGES, 2>(a, stream)
+                                   : decode_attn_launch<T, D, STAGES, 1>(a, stream);
 }
 
 template <typename T, int D>
 static cudaError_t decode_attn_launch_stages(const decode_args *a, int stages, cudaStream_t stream) {
     if constexpr (decode_stages_max(D) >= 3)
-        if (stages == 3) return decode_attn_launch<T, D, 3>(a, stream);
-    return stages == 2 ? decode_attn_launch<T, D, 2>(a, stream) : cudaErrorInvalidValue;
+        if (stages == 3) return decode_attn_launch_rows<T, D, 3>(a, stream);
+    return stages == 2 ? decode_attn_launch_rows<T, D, 2>(a, stream) : cudaErrorInvalidValue;
 }
 
 #define DECODE_DEFINE_HDIM(D)                                                                    \
