@@ -97,8 +97,9 @@ static __device__ __forceinline__ void fa3_fp8_vt_writer_warp(uint32_t s_v, uint
                 const uint32_t addr = v + slab * (FA3_FP8_BN * 128) + (valid + rem / 8) * 128 + (rem % 8) * 16;
                 asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
             }
-            __syncwarp(); /* the loop's trip counts differ by lane, and bar.sync wants the whole warp converged */
-            hp_bar_sync(FA3_FP8_BAR_ZERO, 96);
+            /* each writer warp runs code of its own (fa3_fp8_vt_writer), so the barrier is reached from three
+             * places: the unaligned form */
+            hp_bar_sync_unaligned(FA3_FP8_BAR_ZERO, 96);
         }
         hp_mbar_wait(bar_vt_empty + 8 * vst, PT::empty_phase(j));
         if (!FA3_FP8_VT_SKIP) fa3_fp8_transpose_v_warp<D, 3, W>(v, s_vt + vst * C::kKVBytes);

@@ -195,6 +195,12 @@ HP_DEV void hp_bar_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
+/* The same for warps that reach it from different code (barrier.sync without .aligned: bar.sync requires every
+ * warp of the barrier to execute the same instruction). */
+HP_DEV void hp_bar_sync_unaligned(int id, int count) {
+    asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 HP_DEV void hp_bar_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
