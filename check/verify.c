@@ -398,7 +398,11 @@ static fa_status make_descales(vf_problem *pr) {
         vf_rng rng;
         vf_rng_seed(&rng, stream_seed(c->seed, 104 + (uint64_t)t, 0));
         const double amp = t == 0 ? c->q_amplitude : 1.0;
-        for (int64_t i = 0; i < n; i++) pr->descale[t][i] = (float)(amp / 32.0 * (0.75 + 0.5 * vf_rng_uniform(&rng)));
+        /* per block of rows: 2^[-2, 2), so that a block's descale applied to another block shows */
+        for (int64_t i = 0; i < n; i++)
+            pr->descale[t][i] = (float)(amp / 32.0 *
+                                        (c->descale_block > 0 ? exp2(4.0 * vf_rng_uniform(&rng) - 2.0)
+                                                              : 0.75 + 0.5 * vf_rng_uniform(&rng)));
         *slot[t] = pr->descale[t];
     }
     return FA_OK;

@@ -61,7 +61,8 @@ typedef struct vf_config {
 
     /* FA_E4M3 inputs: o's dtype (default FA_BF16); q, k, v hold values / descale rounded to e4m3, with a
      * descale per (batch entry, head, descale_block rows; 0 = the whole sequence), chosen so the values use
-     * e4m3's range; no_descale leaves the descales NULL (values rounded to e4m3 as they are). */
+     * e4m3's range (per-block descales spread over a factor of 16, so that one applied to the wrong block
+     * shows); no_descale leaves the descales NULL (values rounded to e4m3 as they are). */
     fa_dtype out_dtype;
     int32_t descale_block;
     int no_descale;

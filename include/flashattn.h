@@ -212,7 +212,9 @@ typedef struct fa_params {
      * a sequence; 0 means one block, the whole sequence, so a descale per (batch entry, head): flash-attn's
      * (batch, heads) descales. blocks_q = ceil(seqlen_q / descale_block_q) (1 when 0), blocks_k likewise with
      * seqlen_k; in a varlen batch seqlen_q/k bound every sequence. fp32, contiguous; NULL means 1. The host
-     * backends refuse a NaN, Inf or negative descale. For the other dtypes the descales must be NULL. */
+     * backends refuse a NaN, Inf or negative descale (the CUDA backend does not read them during validation).
+     * The CUDA kernel takes descale_block_q in multiples of 64 and descale_block_k in multiples of 128 (or 0).
+     * For the other dtypes the descales must be NULL. */
     fa_dtype out_dtype;
     const float *q_descale, *k_descale, *v_descale;
     int32_t descale_block_q, descale_block_k;

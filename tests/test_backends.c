@@ -339,7 +339,8 @@ static void gpu_cases(void) {
     /* e4m3 inputs on the FA3 e4m3 kernel (compute capability 9.0: SM90 cases), head dims 128 and 256 with
      * descales per (batch entry, head): GQA, several key blocks, causal with more keys than queries, f16 O
      * without descales, windows on both sides with a large q, softcap and varlen, MQA; poisoned outputs as
-     * everywhere. Per-block descales, head dim 64 and rows that are not 16-byte multiples are refused (UNSUP). */
+     * everywhere. Blocks of descales other than multiples of 64 (q) and 128 (k, v), head dim 64 and rows that are
+     * not 16-byte multiples are refused (UNSUP). */
     add("e4m3", shape(FA_E4M3, 2, 4, 2, 77, 77, 128), MUST | SM90);
     add("e4m3", shape(FA_E4M3, 1, 4, 4, 700, 900, 256), MUST | SM90);
     c = with_causal(shape(FA_E4M3, 2, 4, 1, 300, 530, 128));
@@ -355,6 +356,17 @@ static void gpu_cases(void) {
     add("e4m3", c, MUST | SM90);
     add("e4m3", with_varlen(with_causal(shape(FA_E4M3, 5, 4, 1, 200, 300, 256)), 2), MUST | SM90);
     add("e4m3", with_causal(shape(FA_E4M3, 2, 8, 2, 1024, 1024, 128)), MUST | SM90 | BIG);
+    /* per-block descales (q in multiples of 64 rows, k and v of 128): GQA causal, varlen d256, softcap + window */
+    c = with_causal(shape(FA_E4M3, 2, 4, 1, 300, 530, 128));
+    c.descale_block = 128;
+    add("e4m3", c, MUST | SM90);
+    c = with_varlen(shape(FA_E4M3, 4, 4, 2, 300, 400, 256), 2);
+    c.descale_block = 256;
+    add("e4m3", c, MUST | SM90);
+    c = with_window(shape(FA_E4M3, 2, 2, 2, 600, 700, 128), 200, 30);
+    c.softcap = 5.0f;
+    c.descale_block = 384;
+    add("e4m3", c, MUST | SM90);
     c = shape(FA_E4M3, 1, 2, 2, 64, 64, 128);
     c.descale_block = 16;
     add("e4m3", c, 0);

@@ -587,6 +587,26 @@ def test_fp8_cuda_matches_dequantized(d, causal):
 
 
 @needs_cuda
+@pytest.mark.parametrize("d", [128, 256])
+def test_fp8_cuda_block_descales(d):
+    """Per-block descales on the Hopper kernel (q in blocks of 64 rows, k and v of 128), against the CPU backend's
+    fp32 forward on the dequantized inputs; the blocks' scales differ by up to 16x."""
+    g = torch.Generator().manual_seed(17)
+    q, k, v = (torch.randn(2, n, h, d, generator=g) for n, h in ((300, 4), (400, 2), (400, 2)))
+    ramp = lambda n: 2.0 ** (torch.arange(n) // 128 % 5 - 2.0)[None, :, None, None]  # noqa: E731
+    q, k, v = q * ramp(300), k * ramp(400), v * ramp(400).flip(1)
+    (q8, qd), (k8, kd), (v8, vd) = (_quantize_e4m3(t, 128) for t in (q, k, v))
+    ref = flash_attn_func(_dequantize(q8, qd, 128), _dequantize(k8, kd, 128), _dequantize(v8, vd, 128), causal=True)
+    try:
+        out = flash_attn_func(q8.cuda(), k8.cuda(), v8.cuda(), causal=True, q_descale=qd.cuda(), k_descale=kd.cuda(),
+                              v_descale=vd.cuda(), descale_block=128)
+    except flashattn.FlashAttnError as e:
+        assert "e4m3" in str(e) and torch.cuda.get_device_capability() != (9, 0), str(e)
+        return
+    assert max_err(out.float().cpu(), ref) <= 2.0**-4 * float(ref.abs().max())
+
+
+@needs_cuda
 def test_fp8_cuda_refusals_name_the_cause():
     q8, k8, v8 = (torch.randn(1, 16, 2, 64, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
     with pytest.raises(flashattn.FlashAttnError, match="e4m3"):  # head dim 64: no e4m3 kernel

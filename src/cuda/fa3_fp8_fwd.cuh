@@ -19,7 +19,8 @@
  * Two consumer warpgroups of 64 rows, 128-key blocks, the intra-warpgroup overlap (Q K(i)^T and P(i - 1) V(i - 1)
  * issued together, the softmax of S(i) under the P V), ping-pong and Q from registers at head dim 128 only
  * (fa3_fp8_pingpong, fa3_fp8_qrs), every block in the general step (ring stages at run time). Per-block
- * descales (descale_block_q/k) are refused on the host (fa3_fwd.cu).
+ * descales (descale_block_q a multiple of 64, descale_block_k of 128) run in the GENERAL kernels
+ * (fa3_fp8_scale).
  */
 #ifndef FLASHATTN_CUDA_FA3_FP8_FWD_CUH
 #define FLASHATTN_CUDA_FA3_FP8_FWD_CUH
@@ -46,6 +47,13 @@ static __host__ __device__ constexpr bool fa3_fp8_qrs(int d) {
 static __host__ __device__ constexpr bool fa3_fp8_pingpong(int d) {
     return FA3_FP8_PINGPONG && d == 128;
 }
+
+/* P at the row max is 2^FA3_FP8_P_LOG2, not 1, and the max moves once a row's grows past 2^(8 - FA3_FP8_P_LOG2):
+ * P stays at most 2^8 (e4m3's largest value is 448) and its small values keep more of e4m3's normal exponents
+ * (those below 2^-6 are subnormal, below 2^-10 zero). */
+#ifndef FA3_FP8_P_LOG2
+#define FA3_FP8_P_LOG2 4
+#endif
 
 /* FA3_FP8_VT_SKIP=1 leaves the V^T stages unwritten (wrong results): the transpose's cost, for measuring. */
 #ifndef FA3_FP8_VT_SKIP
@@ -199,43 +207,86 @@ static __device__ __forceinline__ void fa3_fp8_pv_done(float (&o)[D / 2], uint32
     for (int i = 0; i < FA3_FP8_BN / 8; ++i) hp_fence_reg(p[i]);
 }
 
-/* The softmax scale of a tile: the descales of q and k for its (batch, head) folded in. Without softcap they
- * multiply scale_log2 (the max and the slack are kept in units of the raw e4m3 products); with softcap they
- * multiply the factor inside tanh, and scale_log2 stays. */
+/* The softmax scale of a consumer warpgroup's tile: the descales of q and k for its (batch, head) folded in.
+ * Without softcap they multiply scale_log2 (the max and the slack are kept in units of the raw e4m3 products);
+ * with softcap they multiply the factor inside tanh, and scale_log2 stays. Per-block descales (GENERAL kernels;
+ * blocks of q a multiple of the warpgroup's 64 rows, of k and v a multiple of the 128-key blocks): q's block is
+ * the warpgroup's; k's varies by key block, so without softcap S is multiplied by k_mul times the block's descale
+ * before the softmax, which then runs with scale_log2 = 1 (the max in units of the scores times log2 e); v's
+ * varies too, so O is kept in units of the current block's v descale: where it changes, O is rescaled with the
+ * moved max's factor (scaling P instead would push its small values into e4m3's subnormals). */
 struct fa3_fp8_scale {
     float scale_log2, slack, softcap_pre, v;
+    int64_t kv_blocks; /* per-block descales: index of this (batch, kv head)'s first k / v block */
+    float k_mul;       /* what multiplies the block's k descale (S, or the factor inside tanh) */
 };
 
-static __device__ __forceinline__ fa3_fp8_scale fa3_fp8_scale_make(const fa3_args &a, const fa3_tile &g) {
+template <bool GENERAL>
+static __device__ __forceinline__ fa3_fp8_scale fa3_fp8_scale_make(const fa3_args &a, const fa3_tile &g, int c) {
     const int hk = g.h / a.group, heads_kv = a.heads_q / a.group;
-    const float dq = a.q_descale != nullptr ? a.q_descale[g.b * a.heads_q + g.h] : 1.0f;
-    const float dk = a.k_descale != nullptr ? a.k_descale[g.b * heads_kv + hk] : 1.0f;
+    const bool blocks = GENERAL && a.descale_block_k > 0;
+    /* a warpgroup past its sequence's rows takes the last block (its rows are not stored) */
+    const int qb = GENERAL && a.descale_block_q > 0
+                       ? min((g.m0 + 64 * c - g.shift) / a.descale_block_q, a.descale_blocks_q - 1)
+                       : 0;
+    const int blocks_q = GENERAL ? a.descale_blocks_q : 1, blocks_k = GENERAL ? a.descale_blocks_k : 1;
+    const int64_t ki = ((int64_t)g.b * heads_kv + hk) * blocks_k;
+    const float dq = a.q_descale != nullptr ? a.q_descale[((int64_t)g.b * a.heads_q + g.h) * blocks_q + qb] : 1.0f;
+    const float dk = a.k_descale != nullptr && !blocks ? a.k_descale[ki] : 1.0f;
     fa3_fp8_scale sc;
-    sc.v = a.v_descale != nullptr ? a.v_descale[g.b * heads_kv + hk] : 1.0f;
+    sc.kv_blocks = ki;
+    /* per-block v: the first block's, the units O starts in (fa3_fp8_scores moves them) */
+    const int vb = blocks ? min(g.n_min / a.descale_kblocks, a.descale_blocks_k - 1) : 0;
+    sc.v = a.v_descale != nullptr ? a.v_descale[ki + vb] : 1.0f;
     if (a.softcap_pre != 0.0f) {
         sc.softcap_pre = a.softcap_pre * dq * dk;
         sc.scale_log2 = a.scale_log2;
+        sc.k_mul = sc.softcap_pre;
     } else {
         sc.softcap_pre = 0.0f;
-        sc.scale_log2 = a.scale_log2 * dq * dk;
+        sc.k_mul = a.scale_log2 * dq;
+        sc.scale_log2 = blocks && a.k_descale != nullptr ? 1.0f : a.scale_log2 * dq * dk;
     }
-    sc.slack = a.max_slack == 0.0f ? 0.0f : 8.0f / sc.scale_log2;
+    sc.slack = a.max_slack == 0.0f ? 0.0f : (8.0f - FA3_FP8_P_LOG2) / sc.scale_log2;
     return sc;
 }
 
-/* Softcap, mask and online softmax of key block n (fa3_scores with the tile's scale). */
+/* Softcap, mask and online softmax of key block n (fa3_scores with the tile's scale; per-block descales applied:
+ * v_units, the v descale O is in, moves to the block's, its ratio joining the factor O is rescaled by). */
 template <bool GENERAL>
-static __device__ __forceinline__ bool fa3_fp8_scores(float (&s)[FA3_FP8_BN / 2], float (&m)[2], float (&l)[2],
-                                                      float (&factor)[2], const fa3_args &a, const fa3_fp8_scale &sc,
-                                                      const fa3_mask_info &mi, int n, int row0, int quad) {
+static __device__ __forceinline__ bool
+fa3_fp8_scores(float (&s)[FA3_FP8_BN / 2], float (&m)[2], float (&l)[2], float (&factor)[2], float &v_units,
+               const fa3_args &a, const fa3_fp8_scale &sc, const fa3_mask_info &mi, int n, int row0, int quad) {
     constexpr int BN = FA3_FP8_BN;
-    if (GENERAL && sc.softcap_pre != 0.0f) {
+    float softcap_pre = sc.softcap_pre, v_ratio = 1.0f;
+    if (GENERAL && a.descale_block_k > 0) {
+        const int64_t blk = sc.kv_blocks + n / a.descale_kblocks; /* key blocks per descale block */
+        if (a.v_descale != nullptr) { /* an all-zero block (descale 0) adds nothing in any units */
+            const float dv = a.v_descale[blk];
+            if (dv > 0.0f && dv != v_units) v_ratio = v_units / dv, v_units = dv;
+        }
+        if (a.k_descale != nullptr) {
+            const float mul = sc.k_mul * a.k_descale[blk];
+            if (softcap_pre != 0.0f) {
+                softcap_pre = mul;
+            } else {
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * sc.softcap_pre);
+                for (int i = 0; i < BN / 2; ++i) s[i] *= mul;
+            }
+        }
+    }
+    if (GENERAL && softcap_pre != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * softcap_pre);
     }
     if (n < mi.n_lo || n >= mi.n_hi)
         fa3_mask<BN, false>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
-    const bool move = fa3_softmax<BN, false>(s, m, l, factor, sc.scale_log2, sc.slack);
+    bool move = fa3_softmax<BN, false>(s, m, l, factor, sc.scale_log2, sc.slack, FA3_FP8_P_LOG2);
+    if (GENERAL && v_ratio != 1.0f) { /* after l took the factor: the ratio is O's alone */
+        factor[0] *= v_ratio;
+        factor[1] *= v_ratio;
+        move = true;
+    }
     fa3_pin_scores<BN>(s, factor, l);
     return move;
 }
@@ -252,8 +303,9 @@ struct fa3_fp8_ring {
 template <int D, bool QRS, bool GENERAL>
 static __device__ __forceinline__ void
 fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q, float (&s)[FA3_FP8_BN / 2],
-             float (&o)[D / 2], uint32_t (&p)[FA3_FP8_BN / 8], float (&m)[2], float (&l)[2], const fa3_args &a,
-             const fa3_fp8_scale &sc, const fa3_mask_info &mi, int n_min, int row0, int lane, int c, uint32_t q_empty) {
+             float (&o)[D / 2], uint32_t (&p)[FA3_FP8_BN / 8], float (&m)[2], float (&l)[2], float &v_units,
+             const fa3_args &a, const fa3_fp8_scale &sc, const fa3_mask_info &mi, int n_min, int row0, int lane, int c,
+             uint32_t q_empty) {
     constexpr int NWG = FA3_FP8_NWG, kKV = fa3_fp8_cfg<D>::kKVBytes;
     typedef fa3_pipe<FA3_STAGES> P;
     typedef fa3_pipe<fa3_fp8_cfg<D>::kVtStages> PT;
@@ -269,7 +321,7 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
 #pragma unroll
         for (int i = 0; i < FA3_FP8_BN / 2; ++i) hp_fence_reg(s[i]);
         fa3_release(r.k_empty + 8 * st0, lane);
-        fa3_fp8_scores<GENERAL>(s, m, l, factor, a, sc, mi, n_min, row0, quad);
+        fa3_fp8_scores<GENERAL>(s, m, l, factor, v_units, a, sc, mi, n_min, row0, quad);
         fa3_fp8_pack_p<FA3_FP8_BN>(s, p);
         if (nb > 1) hp_mbar_wait(r.k_full + 8 * P::stage(kv + 1), P::phase(kv + 1));
     }
@@ -286,7 +338,7 @@ fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q
 #pragma unroll
         for (int jj = 0; jj < FA3_FP8_BN / 2; ++jj) hp_fence_reg(s[jj]);
         fa3_release(r.k_empty + 8 * st, lane);
-        const bool move = fa3_fp8_scores<GENERAL>(s, m, l, factor, a, sc, mi, n_min + i, row0, quad);
+        const bool move = fa3_fp8_scores<GENERAL>(s, m, l, factor, v_units, a, sc, mi, n_min + i, row0, quad);
         if (i + 1 < nb) hp_mbar_wait(r.k_full + 8 * P::stage(j + 1), P::phase(j + 1));
         hp_wgmma_wait<0>();
         fa3_fp8_pv_done<D>(o, p);
@@ -366,7 +418,8 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
             const int row0 = g.m0 + 64 * c + 16 * warp + lane / 4;
             const int nb = g.nblocks;
             const fa3_mask_info mi = fa3_mask_info_make<BN, GENERAL, false>(a, g, c);
-            const fa3_fp8_scale sc = fa3_fp8_scale_make(a, g);
+            const fa3_fp8_scale sc = fa3_fp8_scale_make<GENERAL>(a, g, c);
+            float v_units = sc.v; /* the v descale O is in */
 
             float o[D / 2];
 #pragma unroll
@@ -384,14 +437,14 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
                     __syncwarp();
                     fa3_release(bar_q_empty + 8 * c, lane); /* the next tile's Q may land now */
                 }
-                fa3_fp8_tile<D, QRS, GENERAL>(nb, kv, r, q, s, o, p, m, l, a, sc, mi, g.n_min, row0, lane, c,
+                fa3_fp8_tile<D, QRS, GENERAL>(nb, kv, r, q, s, o, p, m, l, v_units, a, sc, mi, g.n_min, row0, lane, c,
                                               bar_q_empty + 8 * c);
                 kv += nb;
                 ++q_uses;
             }
             const int seq_row0 = row0 - g.shift;
             float inv[2], lse[2];
-            fa3_finalize<D>(o, l, m, inv, lse, a, g, seq_row0, sc.scale_log2, sc.v);
+            fa3_finalize<D>(o, l, m, inv, lse, a, g, seq_row0, sc.scale_log2, v_units, FA3_FP8_P_LOG2);
             if (a.lse != nullptr && lane % 4 == 0) fa3_store_lse(a, g, lse, seq_row0, varlen);
             fa3_o_to_global<D, TO>(o, inv, a, g, seq_row0, lane % 4);
         }

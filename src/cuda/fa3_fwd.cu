@@ -84,10 +84,11 @@ static fa_status fa3_fp8_supported(const fa_params *p) {
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "fa3 e4m3 forward: head_dim %d (the e4m3 kernel has head dims 128 and 256%s)", p->head_dim,
                        FA_HAS_HDIM_128 && FA_HAS_HDIM_256 ? "" : ", not all of them compiled");
-    if (p->descale_block_q != 0 || p->descale_block_k != 0)
+    if (p->descale_block_q % 64 != 0 || p->descale_block_k % 128 != 0)
         return fa_fail(FA_ERR_UNSUPPORTED,
-                       "fa3 e4m3 forward: descale_block_q / descale_block_k (%d / %d): the CUDA kernel takes one "
-                       "descale per (batch entry, head) (0); the cpu backend takes blocks",
+                       "fa3 e4m3 forward: descale_block_q / descale_block_k (%d / %d): the CUDA kernel takes blocks of "
+                       "q in multiples of 64 rows and of k, v in multiples of 128 (its tiles), or 0; the cpu backend "
+                       "takes any",
                        (int)p->descale_block_q, (int)p->descale_block_k);
     const int dense = !fa_is_varlen(p);
     const fa_tensor *ts[3] = { &p->q, &p->k, &p->v };
@@ -389,6 +390,11 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->q_descale = p->q_descale;
     a->k_descale = p->k_descale;
     a->v_descale = p->v_descale;
+    a->descale_block_q = p->descale_block_q;
+    a->descale_block_k = p->descale_block_k;
+    a->descale_blocks_q = (int)fa_descale_blocks(p, 'q');
+    a->descale_blocks_k = (int)fa_descale_blocks(p, 'k');
+    a->descale_kblocks = p->descale_block_k > 0 ? p->descale_block_k / 128 : 1;
     if (a->num_tiles == 0) return FA_OK;
     pr.grid = pl.grid;
     if (pl.scheduler != 2 && workspace != NULL && pl.scheduler != 1) {

@@ -110,9 +110,11 @@ struct fa3_args {
     fa3_divisor div_head_tiles;
     unsigned long long *counter_tag; /* beside tile_counter: the tag of the launch that last reset it */
     unsigned long long launch_tag;   /* this launch's, unique in the process (fa3_fwd.cu) */
-    /* e4m3 (fa3_fp8_fwd.cuh): one descale per (batch entry, head) of q (heads_q) and of k, v (heads_q / group),
-     * NULL = 1 */
+    /* e4m3 (fa3_fp8_fwd.cuh): descales of q (heads_q) and of k, v (heads_q / group), NULL = 1; per (batch entry,
+     * head), or per block of descale_block_q / _k rows (0: one block; descale_blocks_q / _k blocks per head, and
+     * descale_kblocks 128-key blocks per k block) */
     const float *q_descale, *k_descale, *v_descale;
+    int descale_block_q, descale_block_k, descale_blocks_q, descale_blocks_k, descale_kblocks;
 };
 
 /* A launch: tensor maps, arguments and grid. */
@@ -777,9 +779,11 @@ static __device__ __forceinline__ void fa3_exp_rows(float (&s)[BN / 2], const fl
     sum[1] = chain[1][0] + chain[1][1];
 }
 
+/* p_log2: P = 2^p_log2 at the row max (the e4m3 kernel's P fills more of e4m3's exponents; l carries the factor,
+ * and fa3_finalize takes it out of the LSE). */
 template <int BN, bool JOINT>
 static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&factor)[2],
-                                                   float scale_log2, float slack) {
+                                                   float scale_log2, float slack, float p_log2 = 0.0f) {
     constexpr int kChains = 4; /* independent FMNMX chains per row, joined at the end */
     float mx[2];
 #pragma unroll
@@ -813,6 +817,10 @@ static __device__ __forceinline__ bool fa3_softmax(float (&s)[BN / 2], float (&m
                 factor[h] = 1.0f;
             neg_max[h] = -(m[h] == -INFINITY ? 0.0f : m[h]) * scale_log2;
         }
+    }
+    if (p_log2 != 0.0f) { /* a constant of the caller: the 16-bit kernels' code is unchanged */
+        neg_max[0] += p_log2;
+        neg_max[1] += p_log2;
     }
     float sum[2];
     fa3_exp_rows<BN>(s, neg_max, scale_log2, sum);
@@ -1355,11 +1363,12 @@ fa3_plain_tile(int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[B
  * edge never passes the last key, where the last row sits) gets O = 0, not O / l (a masked key's 0 times a NaN in
  * V reaches it), and LSE = -inf; a row that sees keys but whose sum is not positive (NaN after a NaN or +inf
  * score, 0 when every visible score is -inf) is NaN. seq_row0: the thread's first row in the sequence. The e4m3
- * kernel passes its tile's scale_log2 (q and k descales folded in) and v's descale, which multiplies 1 / l. */
+ * kernel passes its tile's scale_log2 (q and k descales folded in), v's descale, which multiplies 1 / l, and the
+ * log2 of P at the row max (fa3_softmax's p_log2), which l carries. */
 template <int D>
 static __device__ __forceinline__ void
 fa3_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2], float (&inv)[2], float (&lse)[2], const fa3_args &a,
-             const fa3_tile &g, int seq_row0, float scale_log2, float v_descale = 1.0f) {
+             const fa3_tile &g, int seq_row0, float scale_log2, float v_descale = 1.0f, float p_log2 = 0.0f) {
     bool empty_row[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
@@ -1377,7 +1386,8 @@ fa3_finalize(float (&o)[D / 2], float (&l)[2], const float (&m)[2], float (&inv)
         l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
         const bool empty = empty_row[hh];
         inv[hh] = empty ? 0.0f : l[hh] > 0.0f ? v_descale / l[hh] : NAN;
-        lse[hh] = empty ? -INFINITY : l[hh] > 0.0f ? (m[hh] * scale_log2 + __log2f(l[hh])) * 0.69314718055994531f : NAN;
+        const float log2_l = p_log2 != 0.0f ? __log2f(l[hh]) - p_log2 : __log2f(l[hh]);
+        lse[hh] = empty ? -INFINITY : l[hh] > 0.0f ? (m[hh] * scale_log2 + log2_l) * 0.69314718055994531f : NAN;
     }
 }
 
@@ -1755,7 +1765,8 @@ static void fa3_trace_dump(const unsigned long long *trace, int grid, cudaStream
 
 /* Whether a problem needs the GENERAL kernel: softcap, a left window edge or a varlen batch. */
 static inline bool fa3_needs_general(const fa3_args *a) {
-    return a->softcap_pre != 0.0f || a->window_left >= 0 || a->cu_q != nullptr;
+    return a->softcap_pre != 0.0f || a->window_left >= 0 || a->cu_q != nullptr || a->descale_block_q > 0 ||
+           a->descale_block_k > 0;
 }
 
 /* Launches one configuration on the persistent grid. BF16 picks the kernel's element type (bf16, else f16; the
