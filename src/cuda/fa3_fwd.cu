@@ -390,8 +390,10 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->q_descale = p->q_descale;
     a->k_descale = p->k_descale;
     a->v_descale = p->v_descale;
-    a->descale_block_q = p->descale_block_q;
-    a->descale_block_k = p->descale_block_k;
+    if (p->dtype == FA_E4M3) { /* the 16-bit kernels never read descales (their blocks would pick GENERAL) */
+        a->descale_block_q = p->descale_block_q;
+        a->descale_block_k = p->descale_block_k;
+    }
     a->descale_blocks_q = (int)fa_descale_blocks(p, 'q');
     a->descale_blocks_k = (int)fa_descale_blocks(p, 'k');
     a->descale_kblocks = p->descale_block_k > 0 ? p->descale_block_k / 128 : 1;
