@@ -272,6 +272,11 @@ static void gpu_cases(void) {
         add("gqa", shape(FA_BF16, 2, 8, hkv[i], 130, 257, 128), F);
         add("gqa", with_causal(shape(FA_F16, 2, 8, hkv[i], 257, 257, 64)), F);
     }
+    /* causal backward grids of several key blocks over 35 (kv head, batch) pairs: on a 132-SM Hopper GPU the
+     * FA3 backward launches them in chunks of 12, 12 and 11 pairs (d64, d128) or 7 (d256) */
+    add("order", with_causal(shape(FA_BF16, 5, 7, 7, 1000, 1000, 128)), F | BIG);
+    add("order", with_causal(shape(FA_F16, 5, 14, 7, 777, 1000, 64)), F | BIG);
+    add("order", with_causal(shape(FA_BF16, 5, 7, 7, 1000, 1000, 256)), F | BIG);
     int win[4][2] = { { 64, 0 }, { 32, 32 }, { -1, 16 }, { 100, -1 } };
     for (int i = 0; i < 4; i++)
         add("window", with_window(shape(FA_BF16, 2, 4, 2, 300, 300, 128), win[i][0], win[i][1]), F);

@@ -59,6 +59,9 @@ struct fa3_bwd_args {
     /* deterministic mode's launch order: key blocks last first across this many (kv head, batch) pairs at a
      * time (fa3_bwd_cta_get) */
     int chunk_heads;
+    /* the default mode's launch order: key blocks first first across chunks of order_pairs + 1 (the first
+     * order_wide chunks) or order_pairs pairs (fa3_bwd_cta_get) */
+    int order_pairs, order_wide;
     /* deterministic mode: per (batch, query head, query block), how many warpgroups have added their dQ part */
     int *dq_turns;
     int m_blocks; /* query blocks per (batch, head) in dq_turns: of the longest sequence */
@@ -453,30 +456,38 @@ static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 
 
 #endif /* FA_SM90A */
 
-/* The CTA's key block and (kv head, batch). Key blocks last first (deterministic mode: the order of the dQ
- * adds, so a CTA waits only for CTAs launched before it). By default one (kv head, batch) pair after another;
- * in deterministic mode across args.chunk_heads pairs at a time, so that the CTAs running together are a few
- * key blocks of each of several heads, each a few steps behind the one it waits for, rather than one head's
- * key blocks, each a step behind the previous. */
+/* The CTA's key block and (kv head, batch), in an order that runs the (kv head, batch) pairs in chunks: the CTAs
+ * running together are key blocks of a few pairs, which share each pair's Q, dO and dQ accumulator in L2.
+ * Default mode: key blocks first first across a chunk's pairs, which under a causal mask or a window is longest
+ * first, so that the grid ends on short CTAs; the host sizes the chunks (fa3_bwd_run). Deterministic mode: key
+ * blocks last first (the order of the dQ adds, so a CTA waits only for CTAs launched before it) across
+ * args.chunk_heads pairs at a time, so that the CTAs running together are a few key blocks of each of several
+ * heads, each a few steps behind the one it waits for, rather than one head's key blocks, each a step behind the
+ * previous. */
 struct fa3_bwd_cta {
     int nb, hk, b;
 };
 static __device__ __forceinline__ fa3_bwd_cta fa3_bwd_cta_get(const fa3_bwd_args &args) {
     const int n = args.key_blocks, heads = args.b.heads_kv, pairs = heads * args.b.batch;
-    const long long i = blockIdx.x;
-    int rev, pair;
+    const int i = (int)blockIdx.x; /* (the grid is one dimension: fewer than 2^31 CTAs) */
+    int nb, pair;
     if (!args.b.deterministic) {
-        rev = (int)(i % n);
-        pair = (int)(i / n);
+        /* chunks of g + 1 pairs, then of g */
+        const int g = args.order_pairs, wide = args.order_wide, wide_ctas = wide * (g + 1) * n;
+        const int past = i - wide_ctas, chunk = i < wide_ctas ? i / ((g + 1) * n) : past / (g * n);
+        const int width = i < wide_ctas ? g + 1 : g, r = i < wide_ctas ? i - chunk * width * n : past - chunk * g * n;
+        const int first = i < wide_ctas ? chunk * width : wide * (g + 1) + chunk * g;
+        nb = r / width;
+        pair = first + r % width;
     } else {
         const int g = args.chunk_heads;
-        const long long chunk = i / ((long long)g * n), r = i - chunk * g * n;
-        const int width = min(g, pairs - (int)chunk * g); /* the last chunk may be narrower */
-        rev = (int)(r / width);
-        pair = (int)chunk * g + (int)(r % width);
+        const int chunk = i / (g * n), r = i - chunk * g * n;
+        const int width = min(g, pairs - chunk * g); /* the last chunk may be narrower */
+        nb = n - 1 - r / width;
+        pair = chunk * g + r % width;
     }
     fa3_bwd_cta c;
-    c.nb = n - 1 - rev;
+    c.nb = nb;
     c.hk = pair % heads;
     c.b = pair / heads;
     return c;
