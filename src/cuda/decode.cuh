@@ -12,9 +12,10 @@
  * query heads that share a kv head and the query tokens are the rows of m16 tiles (row r is token r / group of
  * query head kv_head * group + r % group), so each K/V byte is read once per kv head, not once per query head;
  * with more than 16 rows (MQA, long query groups) a block takes two row blocks, a set of 4 warps each, which
- * share every K/V tile. The block's keys come in tiles of 64 rows by cp.async through a multi-stage ring (16-byte
- * copies; one address per thread and tile, fixed strides after it, where the tile lies in one page or the cache is
- * contiguous, else the page table read per row; rows past the sequence zero-filled and never read); each warp
+ * share every K/V tile. The block's keys come in tiles of 64 rows (swizzled at head dims 64 and 128:
+ * decode_kv_swizzled) by cp.async through a multi-stage ring (16-byte copies; one address per thread and tile,
+ * fixed strides after it, where the tile lies in one page or the cache is contiguous, else the page table read
+ * per row; rows past the sequence zero-filled and never read); each warp
  * takes 16 keys of a tile: S = Q K^T and O += P V with mma.sync m16n8k16, the scores made general (scale, softcap,
  * ALiBi, the bottom-right mask) element by element: the kernel waits on memory, not on arithmetic. Each warp keeps its
  * own running max, sum and O; at the end the warps merge through shared memory. With one split the block
@@ -80,10 +81,18 @@ static constexpr __host__ __device__ int decode_stages_max(int d) {
 static constexpr __host__ __device__ int decode_block_n(void) {
     return DECODE_WARPS * 16;
 }
-/* Shared memory of the attention kernel: the Q tile (16 rows per row block) and the K/V ring, rows padded by 16
- * bytes. */
+/* K/V tiles of head dims 64 and 128 are swizzled (fa_smem_tile): into rows padded by 16 bytes a warp's copy of
+ * two row segments is split on the shared-memory side, and each part requested from L2 again (ncu, H200, d128:
+ * every other copy instruction of a tile read twice its sectors). The swizzle's XORed fragment addresses take
+ * registers that head dims 192 and 256 do not have (spills); they and the others keep the padding. */
+static constexpr __host__ __device__ bool decode_kv_swizzled(int d) {
+    return d == 64 || d == 128;
+}
+/* Shared memory of the attention kernel: the Q tile (16 rows per row block, rows padded by 16 bytes) and the
+ * K/V ring. */
 static constexpr __host__ __device__ size_t decode_smem_bytes(int d, int stages, int row_blocks) {
-    return (size_t)(2 * d + 16) * (16 * row_blocks + 2 * stages * decode_block_n());
+    return (size_t)(2 * d + 16) * 16 * row_blocks +
+           (size_t)(decode_kv_swizzled(d) ? 2 * d : 2 * d + 16) * 2 * stages * decode_block_n();
 }
 
 /* One launcher per head dim (decode_hdim*.cu) for the attention kernel with `stages` K/V tiles (2, or 3 where
@@ -333,11 +342,12 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
     constexpr int KW = DECODE_WARPS, NW = KW * MB, kThreads = NW * 32, BN = decode_block_n();
     constexpr int DT = D / 8; /* n8 tiles of O */
     typedef fa_smem_tile<16 * MB, D> QTile;
-    typedef fa_smem_tile<BN, D> KVTile;
+    typedef fa_smem_tile<BN, D, decode_kv_swizzled(D)> KVTile;
     constexpr uint32_t kStageBytes = 2 * KVTile::kBytes;
     static_assert(D % 16 == 0 && STAGES >= 2, "decode tile shape");
-    /* the warps' merge reuses the K/V ring: (max, sum) and O of every warp's 16 rows, fp32 */
-    static_assert(NW * 16 * (2 + D) * 4 <= STAGES * kStageBytes, "decode: the merge buffer exceeds the ring");
+    /* the warps' merge reuses the Q tile and the K/V ring: (max, sum) and O of every warp's 16 rows, fp32 */
+    static_assert(NW * 16 * (2 + D) * 4 <= QTile::kBytes + STAGES * kStageBytes,
+                  "decode: the merge buffer exceeds the Q tile and the ring");
 
     extern __shared__ __align__(128) unsigned char decode_smem[];
     const uint32_t sQ = fa_smem_addr(decode_smem);
@@ -543,9 +553,9 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
     /* Merge the warps of each row block: each row's max M over them, every warp's O scaled by 2^(m_w - M) and
      * summed. */
     fa_cp_async_wait<0>();
-    __syncthreads();                                    /* the ring is free (no copy in flight, no warp reading) */
-    float *ml = (float *)(decode_smem + QTile::kBytes); /* [NW][16][2]: max, sum */
-    float *red = ml + NW * 16 * 2;                      /* [NW][16][D] */
+    __syncthreads();                  /* the Q tile and the ring are free (no copy in flight, no warp reading) */
+    float *ml = (float *)decode_smem; /* [NW][16][2]: max, sum */
+    float *red = ml + NW * 16 * 2;    /* [NW][16][D] */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const float l = fa_quad_sum(row_sum[hf]);
