@@ -75,19 +75,21 @@ static int fa3_bwd_det_chunk(const fa_params *p) {
     return p->heads_kv * p->batch < 4 ? p->heads_kv * p->batch : 4;
 }
 
-/* The default mode's chunks of (kv head, batch) pairs (fa3_bwd_cta_get runs key blocks first first across a
- * chunk). Without a mask every CTA has the same steps: one pair at a time, its key blocks side by side. Under a
- * causal mask or a window the key blocks' steps differ (the first the most), so key blocks first first is longest
- * first and the grid ends on short CTAs; a chunk holds about a wave of CTAs (SMs / key blocks pairs): the CTAs
- * running together are then most or all key blocks of a few pairs, which share each pair's Q, dO and dQ
- * accumulator in L2. Chunks of 2-32 pairs swept on an H100 (causal, b x h x 16k tokens): d64 4k and 8k lose
+/* The default mode's launch order (fa3_bwd_cta_get runs key blocks longest first across a chunk of (kv head,
+ * batch) pairs). Without a mask every CTA has the same steps: one pair at a time, its key blocks side by side.
+ * Under a causal mask or a window the key blocks' steps differ: the first key block has the most, except under a
+ * window bounded only on the left (no causal mask), where the last one has; the grid then ends on short CTAs.
+ * A chunk holds about a wave of CTAs (SMs / key blocks pairs): the CTAs running together are then most or all
+ * key blocks of a few pairs, which share each pair's Q, dO and dQ accumulator in L2. Chunks of 2-32 pairs swept on an H100 (causal, b x h x 16k tokens): d64 4k and 8k lose
  * 4-15% from twice this width on (fewer than all of a pair's key blocks at a time), d128 2k-8k and Llama's GQA 4k
  * are within 1% of their best at this width and lose 2-11% at twice it; one pair at a time, longest first, loses
  * 6% at d128 8k and Llama 4k (the last pair's long key blocks run last). The chunks are balanced: sizes g + 1
  * (the first `wide`) and g. */
-static void fa3_bwd_order(const fa_params *p, const fa_cuda_device *dev, int key_blocks, int *g, int *wide) {
+static void fa3_bwd_order(const fa_params *p, const fa_cuda_device *dev, int key_blocks, int *g, int *wide,
+                          int *last_first) {
     const int pairs = p->heads_kv * p->batch;
     int chunk = 1;
+    *last_first = !p->causal && p->window_left >= 0 && p->window_right < 0;
     if ((p->causal || p->window_left >= 0 || p->window_right >= 0) && key_blocks > 0) {
         chunk = dev->sm_count / key_blocks;
         if (chunk > pairs) chunk = pairs;
@@ -106,15 +108,15 @@ extern "C" size_t fa3_bwd_workspace_size(const fa_params *p, const fa_cuda_devic
 extern "C" void fa3_bwd_describe(const fa_params *p, const fa_cuda_device *dev, char *buf, size_t size) {
     const int block_m = fa3_bwd_block_m(p->head_dim), block_n = fa3_bwd_block_n(p->head_dim);
     const int key_blocks = (p->seqlen_k + block_n - 1) / block_n;
-    int g = 0, wide = 0;
-    fa3_bwd_order(p, dev, key_blocks, &g, &wide);
+    int g = 0, wide = 0, last_first = 0;
+    fa3_bwd_order(p, dev, key_blocks, &g, &wide, &last_first);
     char order[96];
     if (p->deterministic)
         snprintf(order, sizeof order, "key blocks last first, %d (kv head, batch) pair%s at a time",
                  fa3_bwd_det_chunk(p), fa3_bwd_det_chunk(p) == 1 ? "" : "s");
     else
-        snprintf(order, sizeof order, "key blocks first first, %d%s (kv head, batch) pair%s at a time", g,
-                 wide ? " or one more" : "", g == 1 && !wide ? "" : "s");
+        snprintf(order, sizeof order, "key blocks %s first, %d%s (kv head, batch) pair%s at a time",
+                 last_first ? "last" : "first", g, wide ? " or one more" : "", g == 1 && !wide ? "" : "s");
     snprintf(buf, size,
              "a CTA per %d-key block (%d x %d x %d = %d CTAs; %s), two consumer warpgroups %s walking %d-query "
              "steps, dQ added to an fp32 accumulator%s; the FA2 backward's pre- and post-pass",
@@ -134,7 +136,7 @@ extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, 
     const int block_n = fa3_bwd_block_n(p->head_dim);
     a.key_blocks = (p->seqlen_k + block_n - 1) / block_n;
     a.chunk_heads = fa3_bwd_det_chunk(p);
-    fa3_bwd_order(p, dev, a.key_blocks, &a.order_pairs, &a.order_wide);
+    fa3_bwd_order(p, dev, a.key_blocks, &a.order_pairs, &a.order_wide, &a.order_last_first);
     const int block_m = fa3_bwd_block_m(p->head_dim);
     CUtensorMap maps[4]; /* q, k, v, dout; varlen: rows are the packed tokens */
     const int64_t rows_q = fa_is_varlen(p) ? p->total_q : p->seqlen_q,

@@ -60,9 +60,10 @@ struct fa3_bwd_args {
     /* deterministic mode's launch order: key blocks last first across this many (kv head, batch) pairs at a
      * time (fa3_bwd_cta_get) */
     int chunk_heads;
-    /* the default mode's launch order: key blocks first first across chunks of order_pairs + 1 (the first
-     * order_wide chunks) or order_pairs pairs (fa3_bwd_cta_get) */
-    int order_pairs, order_wide;
+    /* the default mode's launch order: the key blocks longest first (the first first, or with order_last_first
+     * the last first) across chunks of order_pairs + 1 (the first order_wide chunks) or order_pairs pairs
+     * (fa3_bwd_cta_get) */
+    int order_pairs, order_wide, order_last_first;
     /* deterministic mode: per (batch, query head, query block), how many warpgroups have added their dQ part */
     int *dq_turns;
     int m_blocks; /* query blocks per (batch, head) in dq_turns: of the longest sequence */
@@ -459,8 +460,8 @@ static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 
 
 /* The CTA's key block and (kv head, batch), in an order that runs the (kv head, batch) pairs in chunks: the CTAs
  * running together are key blocks of a few pairs, which share each pair's Q, dO and dQ accumulator in L2.
- * Default mode: key blocks first first across a chunk's pairs, which under a causal mask or a window is longest
- * first, so that the grid ends on short CTAs; the host sizes the chunks (fa3_bwd_run). Deterministic mode: key
+ * Default mode: key blocks longest first across a chunk's pairs, so that the grid ends on short CTAs; the host
+ * sizes the chunks and says which end is the longest (fa3_bwd_order). Deterministic mode: key
  * blocks last first (the order of the dQ adds, so a CTA waits only for CTAs launched before it) across
  * args.chunk_heads pairs at a time, so that the CTAs running together are a few key blocks of each of several
  * heads, each a few steps behind the one it waits for, rather than one head's key blocks, each a step behind the
@@ -478,7 +479,7 @@ static __device__ __forceinline__ fa3_bwd_cta fa3_bwd_cta_get(const fa3_bwd_args
         const int past = i - wide_ctas, chunk = i < wide_ctas ? i / ((g + 1) * n) : past / (g * n);
         const int width = i < wide_ctas ? g + 1 : g, r = i < wide_ctas ? i - chunk * width * n : past - chunk * g * n;
         const int first = i < wide_ctas ? chunk * width : wide * (g + 1) + chunk * g;
-        nb = r / width;
+        nb = args.order_last_first ? n - 1 - r / width : r / width;
         pair = first + r % width;
     } else {
         const int g = args.chunk_heads;
