@@ -2,13 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """An SVG chart for the README from one bench/compare.py run:
 
-    python3 tools/results_chart.py compare.json -o chart.svg [--tree HASH] [--peer cudnn]
+    python3 tools/results_chart.py compare.json -o chart.svg [--tree HASH] [--peer cudnn] [--set paper|decode]
 
 For the paper set: the ratio ours/peer (peer time over ours: above 1 we are faster) of every shape, one panel per
 pass (forward, backward, forward + backward). A bar runs from 1.0 to the median of the per-round ratios, its
-whisker spans their min-max; shapes are grouped by head dim and mask, sequence length along each group. The
-ratios, the meta line under the chart and the implementation names come from tools/results_table.py, so the
-chart and docs/results.md's tables say the same thing. Plain SVG text, no plotting library.
+whisker spans their min-max; shapes are grouped by head dim and mask, sequence length along each group. For the
+decode set: the K/V bandwidth (TB/s) of ours and the peer side by side per cache shape, whiskers min-max, the
+ratio above each pair and the device copy bandwidth of the same run as a line. The ratios, the meta line under
+the chart and the implementation names come from tools/results_table.py, so the chart and docs/results.md's
+tables say the same thing. Plain SVG text, no plotting library.
 """
 import argparse
 import json
@@ -174,15 +176,107 @@ def svg(data, tree=None, set_name="paper", peer="cudnn"):
     return "\n".join(out) + "\n"
 
 
+PEER_FILL = "#9a9a9a"
+DECODE_HEIGHT = 220  # the plot area of the decode chart
+
+
+def decode_svg(data, tree=None, peer="cudnn"):
+    """The decode set: ours and the peer's TB/s per cache shape, the run's device copy bandwidth as a line."""
+    recs = [r for r in data["records"] if r["set"] == "decode" and r["pass"] == "fwd"]
+    by = {(r["shape"], r["impl"]): r for r in recs}
+    shapes = [s for s in dict.fromkeys(r["shape"] for r in recs) if (s, "ours") in by and (s, peer) in by]
+    if not shapes:
+        raise ValueError("no decode shape with both ours and %s in this run" % peer)
+    ratios = {e["shape"]: e for e in core.ratio_entries(recs) if e["num"] == "ours" and e["den"] == peer}
+    meta = data.get("meta", {})
+    copy_tbps = data.get("ceilings", {}).get("start", {}).get("copy_tbps")
+    peer_name = results_table.IMPL_NAMES.get(peer, peer)
+    top_v = max([by[(s, i)]["max"] for s in shapes for i in ("ours", peer)] + [copy_tbps or 0.0])
+    step = 0.5 if top_v <= 5 else 1.0
+    y_hi = math.ceil(top_v * 1.12 / step) * step
+
+    plot_w = WIDTH - LEFT - RIGHT
+    slot_w = plot_w / len(shapes)
+    bar_w = slot_w * 0.3
+    footer = textwrap.wrap(results_table.header(meta, data.get("ceilings", {}), tree).replace("`", ""), 150)
+    top = 70
+    bot = top + DECODE_HEIGHT
+    height = bot + 50 + 14 * len(footer) + 6
+
+    def y_of(v):
+        return bot - v / y_hi * DECODE_HEIGHT
+
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="%s">'
+           % (WIDTH, height, WIDTH, height, FONT),
+           '<rect width="100%" height="100%" fill="white"/>']
+    r0 = recs[0]
+    dirty = " (uncommitted changes)" if meta.get("git_dirty") and not tree else ""
+    title = "decoding: one query token, %d / %d heads, d%d, %s, %s" % (
+        r0["heads_q"], r0["heads_kv"], r0["head_dim"], meta.get("options", {}).get("dtype", "?"),
+        meta.get("device_name", "GPU"))
+    out.append(text(WIDTH / 2, 20, title, 15, "middle", ' font-weight="bold"'))
+    out.append(text(WIDTH / 2, 38, "%s UTC, tree %s%s; K and V bytes read per second, bar: median of %s rounds, "
+                    "whisker: min-max; ratio: ours / %s" % (meta.get("date_utc", "?"), tree or meta.get("git", "?"),
+                                                            dirty, meta.get("options", {}).get("rounds", "?"),
+                                                            peer_name), 11, "middle"))
+    out.append('<rect x="%.1f" y="50" width="10" height="10" fill="%s"/>' % (LEFT + 4, AHEAD))
+    out.append(text(LEFT + 18, 59, "flashattn", 11))
+    out.append('<rect x="%.1f" y="50" width="10" height="10" fill="%s"/>' % (LEFT + 90, PEER_FILL))
+    out.append(text(LEFT + 104, 59, peer_name, 11))
+    k = 0
+    while k * step <= y_hi + 1e-9:
+        y = y_of(k * step)
+        out.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#dddddd"/>' % (LEFT, y, WIDTH - RIGHT, y))
+        out.append(text(LEFT - 6, y + 4, "%.1f" % (k * step), 10, "end"))
+        k += 1
+    out.append(text(16, (top + bot) / 2, "TB/s", 11, "middle", ' transform="rotate(-90 16 %.1f)"' % ((top + bot) / 2)))
+    for i, s in enumerate(shapes):
+        cx = LEFT + (i + 0.5) * slot_w
+        for j, impl in enumerate(("ours", peer)):
+            r = by[(s, impl)]
+            x = cx - bar_w + j * bar_w
+            tip = "%s %s: %.2f TB/s [%.2f-%.2f]" % (s, impl, r["median"], r["min"], r["max"])
+            out.append('<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title>'
+                       '</rect>' % (x + 1, y_of(r["median"]), bar_w - 2, bot - y_of(r["median"]),
+                                    AHEAD if impl == "ours" else PEER_FILL, escape(tip)))
+            ylo, yhi, wx = y_of(r["min"]), y_of(r["max"]), x + bar_w / 2
+            out.append('<path class="whisker" d="M%.1f %.1fV%.1fM%.1f %.1fh%.1fM%.1f %.1fh%.1f" stroke="#222222" '
+                       'fill="none"/>' % (wx, ylo, yhi, wx - 3, ylo, 6, wx - 3, yhi, 6))
+        e = ratios.get(s)
+        if e:
+            y = y_of(max(by[(s, "ours")]["max"], by[(s, peer)]["max"])) - 6
+            out.append(text(cx, y, "%.2fx [%.2f-%.2f]" % (e["median"], e["min"], e["max"]), 10, "middle",
+                            ' class="ratio"'))
+        out.append(text(cx, bot + 14, "%s x %s" % (by[(s, "ours")]["batch"], seqlen_label(by[(s, "ours")]["seqlen_k"])),
+                        10, "middle"))
+    if copy_tbps:
+        y = y_of(copy_tbps)
+        out.append('<line class="copy" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-dasharray="5 3"/>'
+                   % (LEFT, y, WIDTH - RIGHT, y))
+        out.append(text(LEFT + 4, y - 4, "device copy %.2f TB/s (read + write)" % copy_tbps, 10))
+    out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#888888"/>' % (
+        LEFT, top, plot_w, DECODE_HEIGHT))
+    out.append(text(LEFT + plot_w / 2, bot + 32, "batch x cache length (keys per sequence)", 12, "middle"))
+    for k, line in enumerate(footer):
+        out.append(text(LEFT, bot + 50 + 14 * k, line, 10, "start", ' fill="#555555"'))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", help="a bench/compare.py --json file")
     ap.add_argument("-o", "--output", help="the SVG file to write (default: standard output)")
     ap.add_argument("--tree", help="the commit the run measured, when the run's own git field is stale")
     ap.add_argument("--peer", default="cudnn", help="the denominator of the ratios (default: cudnn)")
+    ap.add_argument("--set", default="paper", choices=("paper", "decode"), help="the set to draw (default: paper)")
     args = ap.parse_args()
     try:
-        text_out = svg(json.load(open(args.json)), args.tree, peer=args.peer)
+        data = json.load(open(args.json))
+        if args.set == "decode":
+            text_out = decode_svg(data, args.tree, peer=args.peer)
+        else:
+            text_out = svg(data, args.tree, peer=args.peer)
     except ValueError as err:
         sys.exit("results_chart.py: %s" % err)
     if args.output:

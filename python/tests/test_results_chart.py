@@ -78,3 +78,48 @@ def test_missing_peer_is_named():
     data["records"] = [r for r in data["records"] if r["impl"] != "cudnn"]
     with pytest.raises(ValueError, match="cudnn"):
         results_chart.svg(data)
+
+
+DECODE_RUN = os.path.join(REPO_ROOT, "docs", "compare-h200-decode-2026-11-27.json")
+DECODE_CHART = os.path.join(REPO_ROOT, "docs", "decode-h200-2026-11-27.svg")
+DECODE_TREE = "52b9498"  # the commit of the decode kernel that run measured
+
+
+def load_decode_run():
+    with open(DECODE_RUN) as f:
+        return json.load(f)
+
+
+def test_decode_chart_bars_follow_the_run():
+    data = load_decode_run()
+    root = ET.fromstring(results_chart.decode_svg(data, DECODE_TREE))
+    recs = {(r["shape"], r["impl"]): r for r in data["records"] if r["set"] == "decode"}
+    found = bars(root)
+    assert len(found) == 10  # five cache shapes, ours and cuDNN
+    heights = {}
+    for bar in found:
+        shape, impl, med = re.match(r"(\S+) (\w+): ([0-9.]+) TB/s", bar.find(SVG_NS + "title").text).groups()
+        assert float(med) == pytest.approx(recs[(shape, impl)]["median"], abs=0.005)
+        assert bar.get("fill") == (results_chart.AHEAD if impl == "ours" else results_chart.PEER_FILL)
+        heights[(shape, impl)] = float(bar.get("height"))
+    # one scale for every bar: height / TB/s the same throughout
+    scales = [heights[k] / recs[k]["median"] for k in heights]
+    assert max(scales) - min(scales) < 0.1
+    ratios = [e.text for e in root.iter(SVG_NS + "text") if e.get("class") == "ratio"]
+    assert len(ratios) == 5 and ratios[0].startswith("0.95x")
+    copy_line = [e for e in root.iter(SVG_NS + "line") if e.get("class") == "copy"]
+    assert len(copy_line) == 1
+    assert "device copy 4.23 TB/s" in "".join(root.itertext())
+
+
+def test_committed_decode_chart_is_current():
+    with open(DECODE_CHART) as f:
+        assert f.read() == results_chart.decode_svg(load_decode_run(), DECODE_TREE), \
+            "docs/decode-h200-2026-11-27.svg differs from tools/results_chart.py's output (regenerate it)"
+
+
+def test_decode_chart_missing_peer_is_named():
+    data = copy.deepcopy(load_decode_run())
+    data["records"] = [r for r in data["records"] if r["impl"] != "cudnn"]
+    with pytest.raises(ValueError, match="cudnn"):
+        results_chart.decode_svg(data)

@@ -80,11 +80,11 @@ static int fa3_bwd_det_chunk(const fa_params *p) {
  * Under a causal mask or a window the key blocks' steps differ: the first key block has the most, except under a
  * window bounded only on the left (no causal mask), where the last one has; the grid then ends on short CTAs.
  * A chunk holds about a wave of CTAs (SMs / key blocks pairs): the CTAs running together are then most or all
- * key blocks of a few pairs, which share each pair's Q, dO and dQ accumulator in L2. Chunks of 2-32 pairs swept on an H100 (causal, b x h x 16k tokens): d64 4k and 8k lose
- * 4-15% from twice this width on (fewer than all of a pair's key blocks at a time), d128 2k-8k and Llama's GQA 4k
- * are within 1% of their best at this width and lose 2-11% at twice it; one pair at a time, longest first, loses
- * 6% at d128 8k and Llama 4k (the last pair's long key blocks run last). The chunks are balanced: sizes g + 1
- * (the first `wide`) and g. */
+ * key blocks of a few pairs, which share each pair's Q, dO and dQ accumulator in L2. Chunks of 2-32 pairs swept on an
+ * H100 (causal, b x h x 16k tokens): d64 4k and 8k lose 4-15% from twice this width on (fewer than all of a pair's key
+ * blocks at a time), d128 2k-8k and Llama's GQA 4k are within 1% of their best at this width and lose 2-11% at twice
+ * it; one pair at a time, longest first, loses 5-7% at d128 8k and Llama 4k (the last pair's long key blocks run last).
+ * The chunks are balanced: sizes g + 1 (the first `wide`) and g. */
 static void fa3_bwd_order(const fa_params *p, const fa_cuda_device *dev, int key_blocks, int *g, int *wide,
                           int *last_first) {
     const int pairs = p->heads_kv * p->batch;
