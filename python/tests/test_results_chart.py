@@ -3,7 +3,6 @@
 well-formed SVG with one bar per paper shape and pass, each bar's height and colour following its ratio, and
 the committed chart is its current output."""
 
-import copy
 import json
 import os
 import re
@@ -67,17 +66,6 @@ def test_bars_follow_the_ratios():
         assert float(bar.get("height")) == pytest.approx(max(abs(e["median"] - 1.0) * per_unit, 0.5), abs=0.11)
 
 
-def test_committed_chart_is_current():
-    with open(CHART) as f:
-        assert f.read() == results_chart.svg(load_run(), TREE), \
-            "docs/results-h200-2026-11-27.svg differs from tools/results_chart.py's output (regenerate it)"
-
-
-def test_missing_peer_is_named():
-    data = copy.deepcopy(load_run())
-    data["records"] = [r for r in data["records"] if r["impl"] != "cudnn"]
-    with pytest.raises(ValueError, match="cudnn"):
-        results_chart.svg(data)
 
 
 DECODE_RUN = os.path.join(REPO_ROOT, "docs", "compare-h200-decode-2026-11-27.json")
@@ -112,14 +100,26 @@ def test_decode_chart_bars_follow_the_run():
     assert "device copy 4.23 TB/s" in "".join(root.itertext())
 
 
-def test_committed_decode_chart_is_current():
-    with open(DECODE_CHART) as f:
-        assert f.read() == results_chart.decode_svg(load_decode_run(), DECODE_TREE), \
-            "docs/decode-h200-2026-11-27.svg differs from tools/results_chart.py's output (regenerate it)"
+# (run, committed chart, the tree it names, the drawing function) of each chart the README shows
+CHARTS = {"paper": (RUN, CHART, TREE, results_chart.svg),
+          "decode": (DECODE_RUN, DECODE_CHART, DECODE_TREE, results_chart.decode_svg)}
 
 
-def test_decode_chart_missing_peer_is_named():
-    data = copy.deepcopy(load_decode_run())
+@pytest.mark.parametrize("name", sorted(CHARTS))
+def test_committed_chart_is_current(name):
+    run, chart, tree, draw = CHARTS[name]
+    with open(run) as f:
+        data = json.load(f)
+    with open(chart) as f:
+        assert f.read() == draw(data, tree), \
+            "%s differs from tools/results_chart.py's output (regenerate it)" % os.path.relpath(chart, REPO_ROOT)
+
+
+@pytest.mark.parametrize("name", sorted(CHARTS))
+def test_missing_peer_is_named(name):
+    run, _, _, draw = CHARTS[name]
+    with open(run) as f:
+        data = json.load(f)
     data["records"] = [r for r in data["records"] if r["impl"] != "cudnn"]
     with pytest.raises(ValueError, match="cudnn"):
-        results_chart.decode_svg(data)
+        draw(data)
