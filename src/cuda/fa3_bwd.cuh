@@ -461,11 +461,10 @@ static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 
 /* The CTA's key block and (kv head, batch), in an order that runs the (kv head, batch) pairs in chunks: the CTAs
  * running together are key blocks of a few pairs, which share each pair's Q, dO and dQ accumulator in L2.
  * Default mode: key blocks longest first across a chunk's pairs, so that the grid ends on short CTAs; the host
- * sizes the chunks and says which end is the longest (fa3_bwd_order). Deterministic mode: key
- * blocks last first (the order of the dQ adds, so a CTA waits only for CTAs launched before it) across
- * args.chunk_heads pairs at a time, so that the CTAs running together are a few key blocks of each of several
- * heads, each a few steps behind the one it waits for, rather than one head's key blocks, each a step behind the
- * previous. */
+ * sizes the chunks and says which end is the longest (fa3_bwd_order). Deterministic mode: key blocks last first
+ * (the order of the dQ adds, so a CTA waits only for CTAs launched before it) across args.chunk_heads pairs at a
+ * time, so that the CTAs running together are a few key blocks of each of several heads, each a few steps behind
+ * the one it waits for, rather than one head's key blocks, each a step behind the previous. */
 struct fa3_bwd_cta {
     int nb, hk, b;
 };
