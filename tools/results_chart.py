@@ -33,6 +33,8 @@ PANEL_HEIGHT = 160             # the plot area of one pass
 PANEL_GAP = 44                 # seqlen labels under a panel and the next panel's title
 GROUP_GAP = 10                 # between head dim / mask groups
 AHEAD, BEHIND = "#2f6fad", "#c8553d"
+PEER_FILL = "#9a9a9a"          # the peer's bars in the decode chart
+DECODE_HEIGHT = 220            # the plot area of the decode chart
 FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 
 
@@ -174,10 +176,6 @@ def svg(data, tree=None, set_name="paper", peer="cudnn"):
         out.append(text(LEFT, y + 20 + 14 * k, line, 10, "start", ' fill="#555555"'))
     out.append("</svg>")
     return "\n".join(out) + "\n"
-
-
-PEER_FILL = "#9a9a9a"
-DECODE_HEIGHT = 220  # the plot area of the decode chart
 
 
 def decode_svg(data, tree=None, peer="cudnn"):

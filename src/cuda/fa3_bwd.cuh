@@ -473,11 +473,21 @@ static __device__ __forceinline__ fa3_bwd_cta fa3_bwd_cta_get(const fa3_bwd_args
     const int i = (int)blockIdx.x; /* (the grid is one dimension: fewer than 2^31 CTAs) */
     int nb, pair;
     if (!args.b.deterministic) {
-        /* chunks of g + 1 pairs, then of g */
+        /* `wide` chunks of g + 1 pairs, then chunks of g: the CTA's chunk (its first pair, its width) and its
+         * rank r in it */
         const int g = args.order_pairs, wide = args.order_wide, wide_ctas = wide * (g + 1) * n;
-        const int past = i - wide_ctas, chunk = i < wide_ctas ? i / ((g + 1) * n) : past / (g * n);
-        const int width = i < wide_ctas ? g + 1 : g, r = i < wide_ctas ? i - chunk * width * n : past - chunk * g * n;
-        const int first = i < wide_ctas ? chunk * width : wide * (g + 1) + chunk * g;
+        int width, first, r;
+        if (i < wide_ctas) {
+            width = g + 1;
+            const int chunk = i / (width * n);
+            first = chunk * width;
+            r = i - chunk * width * n;
+        } else {
+            width = g;
+            const int j = i - wide_ctas, chunk = j / (width * n);
+            first = wide * (g + 1) + chunk * width;
+            r = j - chunk * width * n;
+        }
         nb = args.order_last_first ? n - 1 - r / width : r / width;
         pair = first + r % width;
     } else {
