@@ -2,7 +2,8 @@
 /*
  * common.cuh - device functions shared by the CUDA kernels (sm_80+): 16-bit element types and the tensor-core
  * mma.sync m16n8k16 (fp32 accumulate), ldmatrix, cp.async, padded (and XOR-swizzled) shared-memory tiles,
- * warp reductions, exp2 and conversions. Everything is static inline; nothing here allocates or launches.
+ * warp reductions, exp2 and conversions, the grid-dependency controls. Everything is static inline; nothing here
+ * allocates or launches.
  *
  * Fragment layouts of mma.sync m16n8k16 (lane = thread % 32, g = lane / 4, t = lane % 4); each 32-bit register
  * holds two 16-bit values, the lower column (or k) index in the low half:
@@ -294,6 +295,24 @@ struct fa_cp_async_stream {
             if (i / kPerRow * steps / kRowsPerThread == at) copy(i);
     }
 };
+
+/* ---- programmatic dependent launch (sm_90; no-ops before) ---- */
+
+/* A kernel launched with programmatic stream serialization may be resident while the kernel before it in the
+ * stream finishes: it waits here, before its first access to global memory, until that kernel has completed and
+ * its writes are visible. */
+static __device__ __forceinline__ void fa_grid_dependency_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* Lets the next kernel in the stream (launched as above) be scheduled once every block of this grid has passed
+ * here or exited; it still waits for this grid's completion before touching memory. */
+static __device__ __forceinline__ void fa_grid_launch_dependents(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 /* ---- launch order ---- */
 

@@ -195,16 +195,13 @@ extern "C" void decode_describe(const fa_params *p, const fa_kvcache *kv, const 
 template <typename T>
 static cudaError_t launch_append(const decode_args *a, cudaStream_t stream) {
     dim3 grid((unsigned)a->seqlen_new, (unsigned)a->heads_kv, (unsigned)a->batch);
-    const unsigned threads = (unsigned)min(a->head_dim, 128);
-    decode_append_kernel<T><<<grid, threads, 0, stream>>>(*a);
-    return cudaGetLastError();
+    return decode_launch(decode_append_kernel<T>, grid, (unsigned)min(a->head_dim, 128), 0, stream, *a);
 }
 
 template <typename T>
 static cudaError_t launch_combine(const decode_args *a, cudaStream_t stream) {
     const int64_t rows = (int64_t)a->batch * a->heads_q * a->seqlen_q;
-    decode_combine_kernel<T><<<(unsigned)rows, DECODE_COMBINE_THREADS, 0, stream>>>(*a);
-    return cudaGetLastError();
+    return decode_launch(decode_combine_kernel<T>, dim3((unsigned)rows), DECODE_COMBINE_THREADS, 0, stream, *a);
 }
 
 extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev, void *workspace,
@@ -247,6 +244,7 @@ extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const 
     a.window_left = p->window_left, a.window_right = p->window_right;
     a.alibi = p->alibi_slopes, a.alibi_batch_stride = p->alibi_batch_stride;
     a.num_splits = pl.num_splits;
+    a.overlap_launch = dev->cc_major >= 9;
     if (pl.num_splits > 1) {
         const size_t out_rows = (size_t)p->batch * p->heads_q * p->seqlen_q;
         a.part_o = (float *)workspace;
