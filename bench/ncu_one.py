@@ -4,11 +4,11 @@
 `ncu --profile-from-start off` (tools/device.sh profile): two untimed calls first, then the profiled one.
 
     python3 bench/ncu_one.py ours|cudnn fwd|bwd HEAD_DIM SEQLEN [causal]
-    python3 bench/ncu_one.py ours|cudnn decode BATCH CACHE_LENGTH
+    python3 bench/ncu_one.py ours|cudnn decode BATCH CACHE_LENGTH [HEADS_Q/HEADS_KV [HEAD_DIM]]
 
 Shape: the paper sweep's, batch = 16384 / seqlen, heads = 2048 / head_dim, bf16, (batch, seqlen, heads, dim).
 decode: one query token of 32 query heads against a full cache of 8 kv heads, d128, bf16 (compare.py's decode
-set); ours is flash_attn_with_kvcache, cuDNN's SDPA takes the cache with enable_gqa.
+set; --decode-heads and --decode-head-dim there are the optional arguments here); ours is flash_attn_with_kvcache, cuDNN's SDPA takes the cache with enable_gqa.
 """
 import os
 import sys
@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from flashattn import flash_attn_func, flash_attn_with_kvcache  # noqa: E402
 
 
-def decode(impl, b, n):
-    q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(b, n, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+def decode(impl, b, n, hq=32, hkv=8, d=128):
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, n, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
     for it in range(3):
         if it == 2:
@@ -40,7 +40,8 @@ def decode(impl, b, n):
 
 def main():
     if sys.argv[2] == "decode":
-        return decode(sys.argv[1], int(sys.argv[3]), int(sys.argv[4]))
+        heads = [int(x) for x in sys.argv[5].split("/")] if len(sys.argv) > 5 else [32, 8]
+        return decode(sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), *heads, *[int(x) for x in sys.argv[6:7]])
     impl, direction, d, s = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     causal = len(sys.argv) > 5 and sys.argv[5] == "causal"
     b, h = max(1, 16384 // s), 2048 // d

@@ -17,7 +17,7 @@
 #              then flashattn bench --sweep paper (our kernels alone)       -> extras.tar: ours-bench.log/.csv, plots
 #   cpu        fp32 b1 h8 s2048 d128 at 1 and 16 threads, ours vs torch    -> cpu.log (csv/json in extras.tar)
 #   profile    ncu (--set full) of one call of ours and of cuDNN's SDPA on one shape (FA_PROFILE="bwd 128
-#              16384 [causal]", the default, or "decode BATCH CACHE_LENGTH"), the main metrics of every
+#              16384 [causal]", the default, or "decode BATCH CACHE_LENGTH [HQ/HKV [D]]"), the main metrics of every
 #              kernel side by side -> profile.log, the reports in extras.tar (not part of all)
 #   summary    only compare.py's table, from compare.json already in $OUT
 # --quick      compare.py --quick (a few shapes per set), head_dim 128 only in flashattn bench, the sanitizers

@@ -49,11 +49,12 @@ static int row_blocks_for(const fa_params *p) {
     return (int64_t)(p->heads_q / p->heads_kv) * p->seqlen_q > 16 ? 2 : 1;
 }
 
-/* K/V tiles in the attention kernel's ring: the most its head dim takes that fit the device's shared memory
- * per block (2 where none does: decode_supported refuses it). */
+/* K/V tiles in the attention kernel's ring: of the counts its head dim is built for (decode_stages_max, 3, 2),
+ * the most that fit the device's shared memory per block (2 where none does: decode_supported refuses it). */
 static int stages_for(int head_dim, int row_blocks, const fa_cuda_device *dev) {
-    const int most = decode_stages_max(head_dim);
-    return most > 2 && decode_smem_bytes(head_dim, most, row_blocks) > fa_cuda_smem_limit(dev) ? 2 : most;
+    for (int s = decode_stages_max(head_dim); s > 2; s = s > 3 ? 3 : 2)
+        if (decode_smem_bytes(head_dim, s, row_blocks) <= fa_cuda_smem_limit(dev)) return s;
+    return 2;
 }
 
 /* The launch geometry of a call. */

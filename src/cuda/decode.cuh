@@ -78,11 +78,13 @@ typedef struct decode_args {
 
 /* Warps per row block of an attention block (each takes 16 keys of a tile) and K/V tiles in the ring. Head dims up to
  * 128 keep three tiles where they fit (the next one is requested before the oldest is waited for, so all three are in
- * flight during the wait; two blocks per SM on A100/H100), else two:
- * the 99 KB parts (sm_86, sm_89, sm_120) at d = 128, and every part above d = 128. */
+ * flight during the wait; two blocks per SM on A100/H100), head dims up to 64 six (the bytes in flight of three
+ * tiles at d = 128: with three, two blocks per SM left the memory short of requests); the most of these that fit,
+ * else two: the 99 KB parts (sm_86, sm_89, sm_120) take three at d = 64 and two at d = 128, every part two above
+ * d = 128. */
 #define DECODE_WARPS 4
 static constexpr __host__ __device__ int decode_stages_max(int d) {
-    return d <= 128 ? 3 : 2;
+    return d <= 64 ? 6 : d <= 128 ? 3 : 2;
 }
 static constexpr __host__ __device__ int decode_block_n(void) {
     return DECODE_WARPS * 16;
@@ -672,6 +674,8 @@ static cudaError_t decode_attn_launch_rows(const decode_args *a, cudaStream_t st
 
 template <typename T, int D>
 static cudaError_t decode_attn_launch_stages(const decode_args *a, int stages, cudaStream_t stream) {
+    if constexpr (decode_stages_max(D) > 3)
+        if (stages == decode_stages_max(D)) return decode_attn_launch_rows<T, D, decode_stages_max(D)>(a, stream);
     if constexpr (decode_stages_max(D) >= 3)
         if (stages == 3) return decode_attn_launch_rows<T, D, 3>(a, stream);
     return stages == 2 ? decode_attn_launch_rows<T, D, 2>(a, stream) : cudaErrorInvalidValue;
