@@ -299,19 +299,26 @@ static inline void fwd_store_probs(float *col, int64_t j, fa_vf p0, fa_vf p1, in
     fa_vstore(col + (j + 1) * FWD_LDS, p1);
 }
 
+/* The running max m of a row moves only when the block's max passes it by more than 2^FWD_STALE_LOG2 in P:
+ * against a kept m, P <= 2^8 (fp32 sums and bf16 P hold it with the same relative precision), and alpha = 1, so
+ * the accumulator needs no rescale for most blocks after the first (the AMX path skips that pass over O^T). */
+#define FWD_STALE_LOG2 8.0f
+
 /*
  * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the scores times
- * scale (1 where Q came pre-scaled), the score modifications (softcap, ALiBi, mask), the running max,
- * P = exp2((S - m) log2 e), the running sum (of the fp32 P), and the rescale factors alpha of the accumulator.
- * P replaces the scores as floats, or with `pairs` (the bf16 products) as bf16 pairs of keys, pair t in row t.
+ * scale (1 where Q came pre-scaled), the score modifications (softcap, ALiBi, mask), the running max (kept while
+ * the block's stays within FWD_STALE_LOG2 of it), P = exp2((S - m) log2 e), the running sum (of the fp32 P), and
+ * the rescale factors alpha of the accumulator. P replaces the scores as floats, or with `pairs` (the bf16
+ * products) as bf16 pairs of keys, pair t in row t. Returns whether some row's max moved (an alpha is not 1).
  */
-static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int64_t nk, int masked, float softcap,
-                        float alibi_slope, float scale, int pairs) {
+static int fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int64_t nk, int masked, float softcap,
+                       float alibi_slope, float scale, int pairs) {
     const int transform = masked || softcap > 0.0f || alibi_slope != 0.0f;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
     const fa_vf log2e = fa_vset1(FA_LOG2E);
     const fa_vf ninf = fa_vset1(-__builtin_inff());
     const fa_vf sv = fa_vset1(scale);
+    fa_vi moved = fa_viset1(0);
     for (int64_t v = v0; v < nv; v++) {
         float *col = sc->st + v * FA_VL;
         fa_vf m_old = fa_vload(sc->m + v * FA_VL), mx = m_old;
@@ -341,9 +348,14 @@ static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int
                 mx = fa_vmax(mx, x);
             }
         }
+        /* m moves past a kept value by more than the stale bound, and from -inf to anything finite; -inf - -inf
+         * and a NaN compare false (the row keeps its m; a NaN reaches the sum through P) */
+        const fa_vi move = (mx - m_old) * log2e > fa_vset1(FWD_STALE_LOG2);
+        moved |= move;
+        mx = fa_vselect(move, mx, m_old);
         /* a row with nothing visible so far keeps m = -inf; subtracting 0 keeps its P at exactly 0 */
         fa_vf m_use = fa_vselect(mx == ninf, fa_vset1(0.0f), mx);
-        fa_vf alpha = fa_vexp2_nonpos((m_old - m_use) * log2e);
+        fa_vf alpha = fa_vselect(move, fa_vexp2_nonpos((m_old - m_use) * log2e), fa_vset1(1.0f));
         const fa_vf ps = transform ? fa_vset1(1.0f) : sv; /* the transform loop has stored scaled scores */
         fa_vf sum0 = fa_vset1(0.0f), sum1 = fa_vset1(0.0f);
         int64_t j = 0;
@@ -363,6 +375,9 @@ static void fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int
         fa_vstore(sc->m + v * FA_VL, mx);
         fa_vstore(sc->alpha + v * FA_VL, alpha);
     }
+    int any = 0;
+    for (int k = 0; k < FA_VL; k++) any |= moved[k];
+    return any;
 }
 
 /* S^T = K x Q^T: (keys rounded to FA_MR) x (ncols) over head_dim; qt starts at a strip. */
@@ -495,11 +510,12 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
                 fa_amx_gemm(fa_round_up(nk, 16), nq, d / 2, (const uint32_t *)(kt + kb * d * FA_FWD_BC), d / 2,
                             (const uint32_t *)sc->qt + c0 / FA_VL * FA_VL * (d / 2), FA_VL, FA_VL * (d / 2),
                             sc->st + c0, FWD_LDS, 0);
-                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale, 1);
+                const int moved =
+                    fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale, 1);
                 uint32_t *pt = (uint32_t *)(sc->st + c0);
                 for (int64_t t = kp; t < kp16; t++) memset(pt + t * FWD_LDS, 0, sizeof(uint32_t) * (size_t)nq);
-                /* O^T = O^T diag(alpha) + V^T P^T over the columns from c0 */
-                for (int64_t c = 0; c < w; c++)
+                /* O^T = O^T diag(alpha) + V^T P^T over the columns from c0 (alpha = 1 unless a max moved) */
+                for (int64_t c = 0; moved && c < w; c++)
                     for (int64_t q = 0; q < nq; q += FA_VL) {
                         float *x = sc->ot + c * FWD_LDS + c0 + q;
                         fa_vstore(x, fa_vload(x) * fa_vload(sc->alpha + c0 + q));
