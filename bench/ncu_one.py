@@ -8,7 +8,8 @@
 
 Shape: the paper sweep's, batch = 16384 / seqlen, heads = 2048 / head_dim, bf16, (batch, seqlen, heads, dim).
 decode: one query token of 32 query heads against a full cache of 8 kv heads, d128, bf16 (compare.py's decode
-set; --decode-heads and --decode-head-dim there are the optional arguments here); ours is flash_attn_with_kvcache, cuDNN's SDPA takes the cache with enable_gqa.
+set; the optional arguments are its --decode-heads and --decode-head-dim); ours is flash_attn_with_kvcache,
+cuDNN's SDPA takes the cache with enable_gqa.
 """
 import os
 import sys

@@ -103,10 +103,9 @@ static constexpr __host__ __device__ size_t decode_smem_bytes(int d, int stages,
            (size_t)(decode_kv_swizzled(d) ? 2 * d : 2 * d + 16) * 2 * stages * decode_block_n();
 }
 
-/* One launcher per head dim (decode_hdim*.cu) for the attention kernel with `stages` K/V tiles (2, or 3 where
- * decode_stages_max allows) and a->row_blocks row blocks per block: grid (num_splits, heads_kv x m_groups,
- * batch). With a == NULL it only checks that
- * this build holds the kernel for the current device. */
+/* One launcher per head dim (decode_hdim*.cu) for the attention kernel with `stages` K/V tiles (2, 3, or
+ * decode_stages_max where that is more) and a->row_blocks row blocks per block: grid (num_splits, heads_kv x
+ * m_groups, batch). With a == NULL it only checks that this build holds the kernel for the current device. */
 #define DECODE_DECLARE_HDIM(D) \
     cudaError_t decode_attn_hdim##D(const decode_args *a, fa_dtype dtype, int stages, cudaStream_t stream)
 #define DECODE_DECLARE_ONE(D) DECODE_DECLARE_HDIM(D);
