@@ -3,9 +3,9 @@
 # device.sh - everything the GPU machine runs, in one script: build, the test suite (GPU tests included),
 # compute-sanitizer on small problems, the benchmark of ours against PyTorch's attention backends in one
 # harness (bench/compare.py), our kernels alone (flashattn bench), and the CPU comparison with PyTorch's CPU
-# SDPA. Logs and results go to $OUT (default ./device-out), at most 9 files (build.log tests.log
-# sanitize.log bench.log compare.json compare.csv cpu.log profile.log extras.tar); compare.py's summary table
-# of ours vs the peers is printed last.
+# SDPA. Logs and results go to $OUT (default ./device-out), at most 10 files (build.log tests.log
+# sanitize.log bench.log compare.json compare.csv cpu.log decode.log profile.log extras.tar); compare.py's
+# summary table of ours vs the peers is printed last.
 #
 #   tools/device.sh [--quick] [--jobs N] [PART ...]
 #
@@ -16,6 +16,9 @@
 #   bench      bench/compare.py (ours and the peers, every ratio)           -> bench.log compare.json compare.csv
 #              then flashattn bench --sweep paper (our kernels alone)       -> extras.tar: ours-bench.log/.csv, plots
 #   cpu        fp32 b1 h8 s2048 d128 at 1 and 16 threads, ours vs torch    -> cpu.log (csv/json in extras.tar)
+#   decode     compare.py --sets decode: the plain shapes (ours, cuDNN, pages of 16, append + rotary), pages
+#              of 64 and 256, MQA 32/1, head dims 64 and 256, 4 query tokens; bench/decode_report.py's table
+#              of them all -> decode.log, the runs' JSON in extras.tar (not part of all)
 #   profile    ncu (--set full) of one call of ours and of cuDNN's SDPA on one shape (FA_PROFILE="bwd 128
 #              16384 [causal]", the default, or "decode BATCH CACHE_LENGTH [HQ/HKV [D]]"), the main metrics of every
 #              kernel side by side -> profile.log, the reports in extras.tar (not part of all)
@@ -38,9 +41,9 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1 ;;
     --jobs) JOBS=$2; shift ;;
     --jobs=*) JOBS=${1#--jobs=} ;;
-    build | test | sanitize | bench | cpu | profile | summary) PARTS+=("$1") ;;
+    build | test | sanitize | bench | cpu | decode | profile | summary) PARTS+=("$1") ;;
     all) PARTS+=(test sanitize bench cpu) ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "device.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -283,6 +286,37 @@ EOF
 }
 
 # At most 8 files under $OUT: the extras (plots included) go into extras.tar.
+# Every decode figure docs/results.md quotes, from one call: compare.py runs of the decode set (3 rounds each),
+# then one table of them (bench/decode_report.py).
+part_decode() {
+    mkdir -p "$EXTRA"
+    : > "$OUT/decode.log"
+    local runs=() name args
+    local variants=(
+        "base|--impls ours,cudnn,ours-paged,ours-append --page-size 16"
+        "paged64|--impls ours-paged --page-size 64"
+        "paged256|--impls ours-paged --page-size 256"
+        "mqa|--impls ours,cudnn --decode-heads 32/1"
+        "d64|--impls ours,cudnn --decode-head-dim 64"
+        "d256|--impls ours,cudnn --decode-head-dim 256"
+        "q4|--impls ours --decode-q 4")
+    for v in "${variants[@]}"; do
+        name=${v%%|*}
+        args=${v#*|}
+        note "decode: $name ($args)"
+        # shellcheck disable=SC2086
+        if "$PY" bench/compare.py --sets decode --rounds 3 $args --json "$EXTRA/decode-$name.json" \
+            >> "$OUT/decode.log" 2>&1; then
+            runs+=("$name=$EXTRA/decode-$name.json")
+        else
+            note "decode: $name FAILED"; FAILED+=("decode $name")
+        fi
+    done
+    if [ ${#runs[@]} -gt 0 ] && [ "${runs[0]%%=*}" = base ]; then
+        "$PY" bench/decode_report.py "${runs[@]}" | tee -a "$OUT/decode.log"
+    fi
+}
+
 pack_outputs() {
     if [ -d "$EXTRA" ]; then tar -C "$OUT" -cf "$OUT/extras.tar" extra && rm -rf "$EXTRA"; fi
 }
@@ -296,7 +330,7 @@ part_profile() {
     : > "$OUT/profile.log"
     for impl in ours cudnn; do
         note "profile: $impl ${shape[*]}"
-        if ! "$ncu" --profile-from-start off --set full -f -o "$EXTRA/$impl" $PY bench/ncu_one.py "$impl" "${shape[@]}" \
+        if ! "$ncu" --profile-from-start off --set full -f -o "$EXTRA/$impl" "$PY" bench/ncu_one.py "$impl" "${shape[@]}" \
             > "$EXTRA/ncu-$impl.log" 2>&1; then
             tail -5 "$EXTRA/ncu-$impl.log"; FAILED+=(profile); continue
         fi
@@ -328,6 +362,7 @@ for p in "${PARTS[@]}"; do
     sanitize) part_sanitize ;;
     bench) part_bench ;;
     cpu) part_cpu ;;
+    decode) part_decode ;;
     profile) part_profile ;;
     summary) ;;
     esac
