@@ -634,7 +634,8 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
 }
 
 /* Launches kernel(a); a.overlap_launch: as a programmatic dependent of the kernel before it in the stream (the
- * kernels wait for it in fa_grid_dependency_wait). */
+ * kernels wait for it in fa_grid_dependency_wait), and plainly where the driver refuses that (an older driver
+ * under a newer toolkit's minor-version compatibility). */
 static cudaError_t decode_launch(void (*kernel)(const decode_args), dim3 grid, unsigned threads, size_t smem,
                                  cudaStream_t stream, const decode_args &a) {
     cudaLaunchAttribute attr;
@@ -643,7 +644,13 @@ static cudaError_t decode_launch(void (*kernel)(const decode_args), dim3 grid, u
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = stream;
     cfg.attrs = &attr, cfg.numAttrs = a.overlap_launch ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, a);
+    cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, a);
+    if (err != cudaSuccess && cfg.numAttrs) { /* (any other error recurs without the attribute) */
+        cudaGetLastError();
+        cfg.numAttrs = 0;
+        err = cudaLaunchKernelEx(&cfg, kernel, a);
+    }
+    return err;
 }
 
 /* Launches the attention kernel for head dim D, dtype T and STAGES K/V tiles. */
