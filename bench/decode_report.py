@@ -16,8 +16,11 @@ tools/device.sh decode runs the variants and prints this table.
 
 import argparse
 import json
-import statistics
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_core  # noqa: E402
 
 
 def load(path):
@@ -32,11 +35,9 @@ def load(path):
 
 
 def paired(a, b):
-    """median [min-max] of the rounds' ratios a / b (rounds of one run)."""
-    rs = [x / y for x, y in zip(a["values"], b["values"]) if x and y]
-    if not rs:
-        return "-"
-    return "%.2f [%.2f-%.2f]" % (statistics.median(rs), min(rs), max(rs))
+    """median [min-max] of the rounds' ratios of the rates a / b (rounds of one run: b's time over a's)."""
+    med, lo, hi = compare_core.spread(compare_core.round_ratios(a["ms"], b["ms"]))
+    return "-" if med is None else "%.2f [%.2f-%.2f]" % (med, lo, hi)
 
 
 def across(a, b):

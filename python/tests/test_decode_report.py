@@ -12,8 +12,10 @@ import decode_report  # noqa: E402
 
 
 def rec(shape, impl, values, heads=(32, 8), d=128):
+    """A record as compare.py writes it: rates per round and the times they came from (1 GB read)."""
     return {"set": "decode", "shape": shape, "pass": "fwd", "impl": impl, "values": values,
-            "median": sorted(values)[len(values) // 2], "heads_q": heads[0], "heads_kv": heads[1], "head_dim": d}
+            "ms": [1.0 / v for v in values], "median": sorted(values)[len(values) // 2], "heads_q": heads[0],
+            "heads_kv": heads[1], "head_dim": d}
 
 
 def write(tmp_path, name, records, copy=None):
