@@ -116,7 +116,7 @@ size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
     const int tile = bwd_tile(p->head_dim, dev);
     const int nsplit = tile >= 0 ? bwd_nsplit(p, dev, tile) : 1;
     const size_t dq =
-        (size_t)nsplit * (size_t)fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim * sizeof(float);
+        (size_t)nsplit * (size_t)fa2_bwd_dq_rows(bwd_tokens_q(p), p->batch) * p->heads_q * p->head_dim * sizeof(float);
     return bwd_align(dq) + 2 * bwd_align((size_t)lse_n * sizeof(float));
 }
 
@@ -125,7 +125,7 @@ size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
 void fa2_bwd_args_make(const fa_params *p, int nsplit, void *workspace, fa2_bwd_args *a) {
     const int64_t lse_n =
         fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;
-    const int64_t split_stride = fa2_bwd_dq_rows(bwd_tokens_q(p)) * p->heads_q * p->head_dim;
+    const int64_t split_stride = fa2_bwd_dq_rows(bwd_tokens_q(p), p->batch) * p->heads_q * p->head_dim;
     const size_t dq_bytes = (size_t)nsplit * (size_t)split_stride * sizeof(float);
     memset(a, 0, sizeof(*a));
     a->q = p->q, a->k = p->k, a->v = p->v, a->o = p->o, a->dout = p->dout, a->dq = p->dq, a->dk = p->dk, a->dv = p->dv;

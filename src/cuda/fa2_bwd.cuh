@@ -194,9 +194,23 @@ static_assert(fa2_bwd_dq_pos(1) == 1 && fa2_bwd_dq_pos(2) == 4 && fa2_bwd_dq_pos
 static __host__ __device__ __forceinline__ int64_t fa2_bwd_dq_index(int64_t tok, int h, int c, int heads_q, int d) {
     return ((tok >> 3) * heads_q + h) * (int64_t)(8 * d) + (c >> 4) * 128 + (tok & 7) * 16 + fa2_bwd_dq_pos(c & 15);
 }
-/* Token rows dQaccum holds for `tokens` rows (whole blocks of 8). */
-static __host__ __device__ __forceinline__ int64_t fa2_bwd_dq_rows(int64_t tokens) {
-    return (tokens + 7) & ~(int64_t)7;
+/* Token rows dQaccum holds for `tokens` rows of `batch` sequences: whole blocks of 8 here, and room for the FA3
+ * backward's order below, which starts every sequence on a block of 16. */
+static __host__ __device__ __forceinline__ int64_t fa2_bwd_dq_rows(int64_t tokens, int64_t batch) {
+    return (tokens + 16 * batch + 15) & ~(int64_t)15;
+}
+
+/* The FA3 backward's dQaccum order: blocks of 16 rows x 8 columns of one head (512 bytes), in which the four values
+ * a wgmma accumulator holds in consecutive registers, (row r, columns c, c + 1) and (row r + 8, the same columns),
+ * are adjacent: one 16-byte reduction straight from those registers. Sequence b's rows start at
+ * fa3_bwd_dq_row0(tok_q, b), a multiple of 16 (its first token plus 16 b, rounded down: past the previous one's
+ * last row), so that a warp's 16 rows of a tile are one block. */
+static __host__ __device__ __forceinline__ int64_t fa3_bwd_dq_row0(int64_t tok_q, int b) {
+    return (tok_q + 16 * (int64_t)b) & ~(int64_t)15;
+}
+static __host__ __device__ __forceinline__ int64_t fa3_bwd_dq_index(int64_t row, int h, int c, int heads_q, int d) {
+    return ((row >> 4) * heads_q + h) * (int64_t)(16 * d) + (c >> 3) * 128 + (row & 7) * 16 + ((c & 7) >> 1) * 4 +
+           ((row >> 3) & 1) * 2 + (c & 1);
 }
 
 /* Lanes per row in the row-wise kernels: the power of two >= D / 8 (16 bytes each; the extra lanes idle). */
@@ -242,9 +256,10 @@ __global__ void __launch_bounds__(256) fa2_bwd_preprocess_kernel(const fa2_bwd_a
     }
 }
 
-/* ---- 3. convert: dQ = scale * sum of the dQaccum slices. Grid (ceil(Sq / 64), Hq, B), 256 threads. ---- */
+/* ---- 3. convert: dQ = scale * sum of the dQaccum slices. Grid (ceil(Sq / 64), Hq, B), 256 threads. FA3: dQaccum
+ * in the FA3 backward's order (fa3_bwd_dq_index). ---- */
 
-template <typename T, int D>
+template <typename T, int D, bool FA3>
 __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_args a) {
     constexpr int LANES = bwd_row_lanes<D>::N, ROWS = 256 / LANES;
     const int h = blockIdx.y, b = blockIdx.z;
@@ -254,14 +269,18 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
     const int nsplit = a.deterministic ? a.nsplit : 1;
     if (sub >= D / 8) return;
     for (int r = blockIdx.x * 64 + threadIdx.x / LANES; r < min(s.len_q, (int)(blockIdx.x + 1) * 64); r += ROWS) {
-        /* columns sub*8 .. sub*8+7 (group sub / 2): four pairs, at fa2_bwd_dq_pos(8 (sub % 2) + 2t) in the group */
-        const float *src = a.dq_accum + fa2_bwd_dq_index(s.tok_q + r, h, sub / 2 * 16, a.heads_q, D);
+        /* columns sub*8 .. sub*8+7 as four pairs: FA2 at fa2_bwd_dq_pos(8 (sub % 2) + 2t) in group sub / 2, FA3 4t
+         * apart */
+        const float *src =
+            a.dq_accum + (FA3 ? fa3_bwd_dq_index(fa3_bwd_dq_row0(s.tok_q, b) + r, h, sub * 8, a.heads_q, D)
+                              : fa2_bwd_dq_index(s.tok_q + r, h, sub / 2 * 16, a.heads_q, D));
         float acc[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
         for (int sp = 0; sp < nsplit; sp++) {
             const float *p = src + sp * a.dq_split_stride;
 #pragma unroll
             for (int t = 0; t < 4; t++) {
-                const float2 x = *reinterpret_cast<const float2 *>(p + fa2_bwd_dq_pos(sub % 2 * 8 + 2 * t));
+                const float2 x =
+                    *reinterpret_cast<const float2 *>(p + (FA3 ? 4 * t : fa2_bwd_dq_pos(sub % 2 * 8 + 2 * t)));
                 acc[2 * t] += x.x, acc[2 * t + 1] += x.y;
             }
         }
@@ -825,7 +844,7 @@ static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int tile, int key_blocks,
         if (st1 != FA_OK) return st1;
     }
     if (a->seqlen_q > 0) {
-        fa2_bwd_convert_dq_kernel<T, D><<<rows_grid, 256, 0, st>>>(*a);
+        fa2_bwd_convert_dq_kernel<T, D, false><<<rows_grid, 256, 0, st>>>(*a);
         return fa_cuda_status(cudaGetLastError(), "fa2 backward convert launch");
     }
     return FA_OK;

@@ -25,7 +25,7 @@
  *                dS^T to shared memory; one step later (when the other warpgroup has written its half too)
  *                dQ = dS K for 64 x 64 of that step's dQ (the rows of one warpgroup's queries when BM = 128,
  *                the columns of one 64-wide slab of the head dim when BM = 64), added to the fp32 accumulator
- *                with 16-byte reductions in fa2_bwd_dq_index's order. The second warpgroup starts half a step
+ *                with 16-byte reductions in fa3_bwd_dq_index's order. The second warpgroup starts half a step
  *                late, so that one's GEMMs overlap the other's softmax.
  * dK (times the softmax scale) and dV are stored from registers after the last step.
  * Deterministic mode: the key blocks that see a query block add its dQ one after another, last first, which is
@@ -41,7 +41,7 @@
  * split), fa3_bwd_cta and fa3_bwd_work (the CTA's key block, head and steps), fa3_bwd_blocks (the query blocks
  * that see a key block, and which need a mask), fa3_bwd_step (the head and query block of a step),
  * fa3_bwd_producer, fa3_bwd_turn_keeper (deterministic mode's order); for the consumers fa3_bwd_issue_sdp,
- * fa3_bwd_probs, fa3_bwd_dscores, fa3_bwd_issue_dkdv, fa3_bwd_store_ds, fa3_bwd_issue_dq, fa3_bwd_add_dq and
+ * fa3_bwd_probs, fa3_bwd_dscores, fa3_bwd_issue_rs, fa3_bwd_store_ds, fa3_bwd_issue_dq, fa3_bwd_add_dq and
  * fa3_bwd_store_dkdv (fa3_bwd_wide_* for head dim 256).
  */
 #ifndef FLASHATTN_CUDA_FA3_BWD_CUH
@@ -297,41 +297,49 @@ static __device__ __forceinline__ void fa3_bwd_dscores(float (&dp)[BM / 2], cons
     }
 }
 
-/* dV += P^T dO and dK += dS^T Q: BM / 16 wgmma steps each along the queries, A from registers, dO and Q
- * MN-major; one commit group. */
+/* acc (64 key rows x D) += A B: dV += P^T dO or dK += dS^T Q; BM / 16 wgmma steps along the queries, A (P^T or
+ * dS^T) from registers, B (dO or Q) MN-major; one commit group. */
 template <int D, int BM, typename T>
-static __device__ __forceinline__ void fa3_bwd_issue_dkdv(float (&dv)[D / 2], float (&dk)[D / 2], uint32_t (&p)[BM / 4],
-                                                          uint32_t (&ds)[BM / 4], uint32_t s_q, uint32_t s_do) {
+static __device__ __forceinline__ void fa3_bwd_issue_rs(float (&acc)[D / 2], uint32_t (&a16)[BM / 4], uint32_t s_b) {
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) hp_fence_reg(dv[i]), hp_fence_reg(dk[i]);
+    for (int i = 0; i < D / 2; ++i) hp_fence_reg(acc[i]);
 #pragma unroll
-    for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p[i]), hp_fence_reg(ds[i]);
+    for (int i = 0; i < BM / 4; ++i) hp_fence_reg(a16[i]);
     hp_wgmma_fence();
-    const uint64_t ddo = hp_desc_sw128(s_do, BM * 128, 1024), dq = hp_desc_sw128(s_q, BM * 128, 1024);
+    const uint64_t db = hp_desc_sw128(s_b, BM * 128, 1024);
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
-        fa3_wgmma_rs<D, T>(dv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                           hp_desc_add(ddo, (kk * 2048) >> 4), 1);
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-        fa3_wgmma_rs<D, T>(dk, ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3],
-                           hp_desc_add(dq, (kk * 2048) >> 4), 1);
+        fa3_wgmma_rs<D, T>(acc, a16[4 * kk], a16[4 * kk + 1], a16[4 * kk + 2], a16[4 * kk + 3],
+                           hp_desc_add(db, (kk * 2048) >> 4), 1);
     hp_wgmma_commit();
 }
 
 /* The warpgroup's dS^T rows (64 keys x BM queries, 16-bit pairs in A-fragment order) into the swizzled dS^T
- * tile at s_ds, key rows from row_base on. */
+ * tile at s_ds, key rows from row_base on. Pair i holds (row row0 + 8 (i & 1), columns 8 (i >> 1) + col0, + 1): an
+ * 8 x 8 block per i in stmatrix's fragment order, so one stmatrix.x4 stores pairs 4q .. 4q + 3, its lane l giving
+ * the address of row l % 8 of block l / 8 (rows + 8 (l / 8 & 1), columns 16 q + 8 (l / 16)). */
 template <int BM, int BN>
 static __device__ __forceinline__ void fa3_bwd_store_ds(const uint32_t (&ds)[BM / 4], uint32_t s_ds, int row_base,
-                                                        const fa3_bwd_frag &f) {
+                                                        int warp_in_wg, int lane) {
+    const int r = row_base + 16 * warp_in_wg + (lane % 8) + 8 * ((lane / 8) & 1);
+    const uint32_t row_addr = s_ds + r * 128;
 #pragma unroll
-    for (int i = 0; i < BM / 4; ++i) {
-        /* pair i = accumulator elements 2i, 2i + 1: row row0 + 8 (i & 1), columns 8 (i >> 1) + col0 */
-        const int r = row_base + f.row0 + 8 * (i & 1), col = 8 * (i >> 1) + f.col0;
-        const uint32_t addr =
-            s_ds + (col / 64) * (BN * 128) + r * 128 + ((((col % 64) / 8) ^ (r % 8)) << 4) + 2 * (col % 8);
-        asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(ds[i]) : "memory");
+    for (int q = 0; q < BM / 16; ++q) {
+        const int chunk = 2 * q + lane / 16; /* 16-byte chunk of the 128-byte row: columns 8 chunk .. */
+        const uint32_t addr = row_addr + (chunk / 8) * (BN * 128) + (((chunk % 8) ^ (r % 8)) << 4);
+        fa_stmatrix_x4(addr, ds[4 * q], ds[4 * q + 1], ds[4 * q + 2], ds[4 * q + 3]);
     }
+}
+
+/* Named barrier that starts the second consumer warpgroup (id 0 is __syncthreads). */
+#define FA3_BWD_BAR_START 1
+
+/* Makes the warpgroup's dS^T stores visible to the other warpgroup's wgmma (the async proxy) and says so on the
+ * buffer's ready barrier; the first warpgroup's first one also starts the second (FA3_BWD_BAR_START). */
+static __device__ __forceinline__ void fa3_bwd_publish_ds(uint32_t bar_ready, bool start_second) {
+    hp_fence_proxy_async();
+    hp_mbar_arrive(bar_ready);
+    if (start_second) hp_bar_arrive(FA3_BWD_BAR_START, 256);
 }
 
 /* dQ (64 x 64) = dS K over the BN keys: A = dS^T slab (MN-major), B = one 64-column slab of K (MN-major). */
@@ -356,23 +364,25 @@ static __device__ __forceinline__ void fa3_bwd_issue_dq_of(float (&dq)[32], uint
     fa3_bwd_issue_dq<BN, T>(dq, s_ds + buf * ds_bytes + s_ds_part, s_k_part);
 }
 
-/* Adds dQ (rows q_row0.., columns col_base..col_base + 63 of head hq) to the fp32 accumulator: per row and
- * 16-column group, the thread's four values are adjacent there (fa2_bwd_dq_pos), one 16-byte reduction. */
+/* Adds dQ (rows row0.. of the accumulator (fa3_bwd_dq_row0), of which rows_left are the sequence's; columns
+ * col_base..col_base + 63 of head hq) to the fp32 accumulator: each run of four accumulator registers (rows r, r + 8
+ * at two adjacent columns) is adjacent there (fa3_bwd_dq_index), one 16-byte reduction, or 8 bytes where row r + 8
+ * is past the sequence. */
 template <int D>
-static __device__ __forceinline__ void fa3_bwd_add_dq(const float (&dq)[32], float *dq_accum, int64_t tok0,
+static __device__ __forceinline__ void fa3_bwd_add_dq(const float (&dq)[32], float *dq_accum, int64_t row0,
                                                       int rows_left, int hq, int heads_q, int col_base,
                                                       const fa3_bwd_frag &f) {
+    if (f.row0 >= rows_left) return;
+    float *p = dq_accum + fa3_bwd_dq_index(row0 + f.row0, hq, col_base + f.col0, heads_q, D);
+    if (f.row0 + 8 < rows_left) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = f.row0 + 8 * h;
-        if (r >= rows_left) continue;
-        float *row = dq_accum + fa2_bwd_dq_index(tok0 + r, hq, col_base + f.col0, heads_q, D);
+        for (int j = 0; j < 8; ++j)
+            atomicAdd(reinterpret_cast<float4 *>(p + 128 * j),
+                      make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+    } else {
 #pragma unroll
-        for (int g = 0; g < 4; ++g) {
-            const float4 v =
-                make_float4(dq[8 * g + 2 * h], dq[8 * g + 2 * h + 1], dq[8 * g + 4 + 2 * h], dq[8 * g + 4 + 2 * h + 1]);
-            atomicAdd(reinterpret_cast<float4 *>(row + 128 * g), v);
-        }
+        for (int j = 0; j < 8; ++j)
+            atomicAdd(reinterpret_cast<float2 *>(p + 128 * j), make_float2(dq[4 * j], dq[4 * j + 1]));
     }
 }
 
@@ -425,11 +435,12 @@ static __device__ __forceinline__ void fa3_bwd_turn_keeper(const fa3_bwd_args &a
 /* fa3_bwd_add_dq for the step of query block m0 / BM and head hq, in its turn in deterministic mode (DET). */
 template <int D, bool DET>
 static __device__ __forceinline__ void fa3_bwd_add_dq_ordered(const float (&dq)[32], const fa3_bwd_args &args,
-                                                              const bwd_seq &sq, int m0, int hq, int dq_row0,
+                                                              const bwd_seq &sq, int b, int m0, int hq, int dq_row0,
                                                               int dq_col0, int c, const fa3_bwd_frag &f) {
     const fa2_bwd_args &a = args.b;
     if constexpr (DET) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
-    fa3_bwd_add_dq<D>(dq, a.dq_accum, sq.tok_q + m0 + dq_row0, sq.len_q - m0 - dq_row0, hq, a.heads_q, dq_col0, f);
+    fa3_bwd_add_dq<D>(dq, a.dq_accum, fa3_bwd_dq_row0(sq.tok_q, b) + m0 + dq_row0, sq.len_q - m0 - dq_row0, hq,
+                      a.heads_q, dq_col0, f);
     if constexpr (DET) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
 }
 
@@ -519,9 +530,6 @@ static __device__ __forceinline__ void fa3_bwd_zero_rows(uint8_t *tile, int rows
         for (int i = lane; i < chunks; i += 32)
             *reinterpret_cast<uint4 *>(tile + sl * rows * 128 + from * 128 + i * 16) = make_uint4(0, 0, 0, 0);
 }
-
-/* Named barrier that starts the second consumer warpgroup (id 0 is __syncthreads). */
-#define FA3_BWD_BAR_START 1
 
 /* What a CTA works on: its key block (keys n0..) of a (kv head, batch), the query blocks that see it, and its
  * nsteps steps (each query block for each query head of the group). */
@@ -707,35 +715,35 @@ __global__ void __launch_bounds__(384, 1)
         uint32_t p16[BM / 4], ds16[BM / 4];
         fa3_convert_p<BM, T>(s, p16);
         fa3_convert_p<BM, T>(dp, ds16);
-        fa3_bwd_issue_dkdv<D, BM, T>(dv, dk, p16, ds16, q_tile, do_tile);
+        fa3_bwd_issue_rs<D, BM, T>(dv, p16, do_tile);
 
-        /* dS^T(t) into buffer t % 2 once both warpgroups' dQ products of step t - 2 have read it */
+        /* dS^T(t) into buffer t % 2 once both warpgroups' dQ products of step t - 2 have read it (before dK's
+         * product takes ds16 as its operand); published after dQ(t - 1) and dK(t) are issued, so that the fence's
+         * wait for the stores runs beside them */
         const int buf = fa3_pipe<2>::stage(t);
         hp_mbar_wait(bars + C::kBarDSFree + 8 * buf, fa3_pipe<2>::empty_phase(t));
-        fa3_bwd_store_ds<BM, BN>(ds16, s_ds + buf * C::kDSBytes, row_base, f);
-        hp_fence_proxy_async();
-        hp_mbar_arrive(bars + C::kBarDSReady + 8 * buf);
-        if (t == 0 && c == 0) hp_bar_arrive(FA3_BWD_BAR_START, 256);
+        fa3_bwd_store_ds<BM, BN>(ds16, s_ds + buf * C::kDSBytes, row_base, warp_in_wg, lane);
 
-        /* dQ of the previous step, whose dS^T both warpgroups have written by now (or soon) */
+        /* dQ of the previous step (whose dS^T both warpgroups have written by now, or soon) between dV and dK, so
+         * that its reductions run while dK's product is on the tensor cores */
         if (t > 0) {
             float dq[32];
             fa3_bwd_issue_dq_of<BN, T>(dq, bars + C::kBarDSReady, s_ds, C::kDSBytes, s_ds_part, s_k_part, t - 1);
-            hp_wgmma_wait<1>(); /* dV, dK done: Q and dO may be refilled */
-#pragma unroll
-            for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p16[i]), hp_fence_reg(ds16[i]);
-            hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
-            hp_wgmma_wait<0>();
+            fa3_bwd_issue_rs<D, BM, T>(dk, ds16, q_tile);
+            fa3_bwd_publish_ds(bars + C::kBarDSReady + 8 * buf, t == 0 && c == 0);
+            hp_wgmma_wait<1>(); /* dV and dQ done */
 #pragma unroll
             for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
             hp_mbar_arrive(bars + C::kBarDSFree + 8 * fa3_pipe<2>::stage(t - 1));
-            fa3_bwd_add_dq_ordered<D, DET>(dq, args, sq, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
+            fa3_bwd_add_dq_ordered<D, DET>(dq, args, sq, b, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
         } else {
-            hp_wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p16[i]), hp_fence_reg(ds16[i]);
-            hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
+            fa3_bwd_issue_rs<D, BM, T>(dk, ds16, q_tile);
+            fa3_bwd_publish_ds(bars + C::kBarDSReady + 8 * buf, c == 0);
         }
+        hp_wgmma_wait<0>(); /* dK done: Q and dO may be refilled */
+#pragma unroll
+        for (int i = 0; i < BM / 4; ++i) hp_fence_reg(p16[i]), hp_fence_reg(ds16[i]);
+        hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
         prev_m0 = m0;
         prev_hq = st.hq;
     }
@@ -745,7 +753,7 @@ __global__ void __launch_bounds__(384, 1)
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
-        fa3_bwd_add_dq_ordered<D, DET>(dq, args, sq, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
+        fa3_bwd_add_dq_ordered<D, DET>(dq, args, sq, b, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
     }
     const bool packed = a.cu_seqlens_q != nullptr; /* (varlen, read again: no register held over the loop) */
     fa3_bwd_store_dkdv<D, T>(dk, dv, a, packed ? 0 : b, hk, packed ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
@@ -980,7 +988,8 @@ __global__ void __launch_bounds__(384, 1)
         if constexpr (DET) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            fa3_bwd_add_dq<D>(dq[h], a.dq_accum, sq.tok_q + m0, sq.len_q - m0, st.hq, a.heads_q, 128 * c + 64 * h, f);
+            fa3_bwd_add_dq<D>(dq[h], a.dq_accum, fa3_bwd_dq_row0(sq.tok_q, w.cta.b) + m0, sq.len_q - m0, st.hq,
+                              a.heads_q, 128 * c + 64 * h, f);
         if constexpr (DET) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
     }
     const bool packed = a.cu_seqlens_q != nullptr;
@@ -1013,7 +1022,7 @@ static fa_status fa3_bwd_launch_kernel(void (*kernel)(const CUtensorMap, const C
         if (st != FA_OK) return st;
     }
     if (a->b.seqlen_q > 0) {
-        fa2_bwd_convert_dq_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a->b);
+        fa2_bwd_convert_dq_kernel<T, D, true><<<rows_grid, 256, 0, stream>>>(a->b);
         return fa_cuda_status(cudaGetLastError(), "fa3 backward convert launch");
     }
     return FA_OK;
