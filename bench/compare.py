@@ -18,6 +18,8 @@ What it measures
     ours-append  decode set only (opt-in): flash_attn_with_kvcache appending the step's new keys and values
                  (rotary on q and the new keys over the whole head dim) into the cache's last rows first
     ours-bf16    fp8 set only (in the defaults there): flash_attn_func on the bf16 inputs that `ours` quantized
+    base-direct  (opt-in) ours-direct on another copy of the library, --base-library FILE: a change against the
+                 build before it, interleaved in one process with the same timer; ratio ours-direct/base-direct
   The fp8 set runs ours, ours-bf16 and cudnn (SDPA on the float8 tensors, where it takes them) only.
   An implementation that raises on a shape (unsupported, out of memory) is recorded as missing there.
   Passes: fwd (inputs require grad, as in training, except the decode set), bwd (autograd backward of a
@@ -71,6 +73,8 @@ SDPA, wall clock instead of events): a smoke test of the flow, not a benchmark.
   bench/compare.py --device cpu --quick                           # smoke test without a GPU
   bench/compare.py --device cpu --threads 1 --dtype bf16 --sets paper --head-dims 128 --seqlens 2048 \
       --paper-tokens 2048 --paper-hidden 1024 --impls ours,ours-direct,flash   # the CPU backend at b1 h8 s2048 d128
+  bench/compare.py --sets paper,llama --passes bwd --impls ours-direct,base-direct \
+      --base-library /tmp/base/build/libflashattn.so                # a change against the build before it
   bench/compare.py --estimate                                     # the run-time estimate, no GPU needed
   bench/compare.py --summary compare.json                         # the table of an earlier run
 """
@@ -94,7 +98,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import compare_core as core  # noqa: E402
 
-ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged", "ours-append", "ours-bf16")
+ALL_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "efficient", "flex", "ours-paged", "ours-append", "ours-bf16",
+             "base-direct")
 DEFAULT_IMPLS = ("ours", "ours-direct", "cudnn", "flash", "ours-bf16")
 
 # --device cpu: tiny shapes of the same sets, so the flow runs in seconds.
@@ -138,6 +143,8 @@ def parse_args(argv=None):
     ap.add_argument("--decode-head-dim", type=int, help="decode set (default 128)")
     ap.add_argument("--decode-q", type=int, default=1,
                     help="decode set: query tokens per sequence (more than 1: causal; the SDPA peers skip it)")
+    ap.add_argument("--base-library", metavar="FILE",
+                    help="base-direct's library: another build (e.g. of the commit before a change)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mode", choices=["b2b", "single"], default="b2b")
     ap.add_argument("--l2", choices=["flush", "warm"], default="flush")
@@ -161,6 +168,8 @@ def parse_args(argv=None):
         ap.error("--rounds must be at least 3 (or at least 1 with --quick)")
     if args.block_ms <= 0:
         ap.error("--block-ms must be positive")
+    if ("base-direct" in args.impls) != (args.base_library is not None):
+        ap.error("base-direct and --base-library go together")
     if args.overhead_calls is None:
         args.overhead_calls = 200 if args.quick else 2000
     if args.overhead_warmup is None:
@@ -407,11 +416,13 @@ class Impl:
 class Direct:
     """fa_fwd / fa_bwd through ctypes on a parameter block filled once, as python/flashattn/_torch.py's
     _forward / _backward / _run fill theirs: element strides, the lse buffer, the exec block on the current
-    stream, and one workspace of the larger of the forward's and the backward's sizes."""
+    stream, and one workspace of the larger of the forward's and the backward's sizes. lib: another copy of the
+    library (base-direct: _lib.load_library), else the package's own."""
 
-    def __init__(self, torch, q, k, v, causal, dout=None):
+    def __init__(self, torch, q, k, v, causal, dout=None, lib=None):
         from flashattn import _common, _lib
         self._lib = _lib
+        self.lib = lib or _lib.lib
         dtypes = {torch.float32: _lib.FA_F32, torch.float16: _lib.FA_F16, torch.bfloat16: _lib.FA_BF16}
         q, k, v = (t.detach() for t in (q, k, v))
         b, sq, hq, d = q.shape
@@ -438,18 +449,33 @@ class Direct:
             self.exe.backend = _lib.FA_BACKEND_CPU
             self.exe.device = -1
             self.exe.num_threads = torch.get_num_threads()
-        n = _lib.workspace_size(self.p, self.exe, 0)
+        n = self.workspace_size(0)
         if dout is not None:
-            n = max(n, _lib.workspace_size(self.p, self.exe, 1))
+            n = max(n, self.workspace_size(1))
         self.workspace = torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
         if n:
             self.exe.workspace, self.exe.workspace_bytes = self.workspace.data_ptr(), n
         self.pp, self.pe = ctypes.byref(self.p), ctypes.byref(self.exe)
-        self.c_fwd, self.c_bwd = _lib.lib.fa_fwd, _lib.lib.fa_bwd
+        self.c_fwd, self.c_bwd = self.lib.fa_fwd, self.lib.fa_bwd
         # The status is checked here, once; the timed calls return it unchecked (Impl probes check it too).
-        _lib.raise_for_status("fa_fwd", self.c_fwd(self.pp, self.pe))
+        self.check("fa_fwd", self.c_fwd(self.pp, self.pe))
         if dout is not None:
-            _lib.raise_for_status("fa_bwd", self.c_bwd(self.pp, self.pe))
+            self.check("fa_bwd", self.c_bwd(self.pp, self.pe))
+
+    def workspace_size(self, backward):
+        n = ctypes.c_size_t(0)
+        self.check("fa_workspace_size",
+                   self.lib.fa_workspace_size(ctypes.byref(self.p), ctypes.byref(self.exe), backward, ctypes.byref(n)))
+        return n.value
+
+    def check(self, function, status):
+        """Raises for a failed call, with the message of the copy of the library that made it."""
+        if self.lib is self._lib.lib:
+            self._lib.raise_for_status(function, status)
+        elif status != 0:
+            detail = self.lib.fa_last_error()
+            raise RuntimeError("%s (%s): %s: %s" % (function, self.lib._name, self.lib.fa_status_name(status).decode(),
+                                                    detail.decode("utf-8", "replace") if detail else ""))
 
     def fwd(self):
         return self.c_fwd(self.pp, self.pe)
@@ -475,6 +501,8 @@ class Runner:
             sys.path.insert(0, os.path.join(REPO, "python"))  # this tree's binding, as the tests use it
         import flashattn
         self.fa = flashattn
+        # base-direct: the build from before a change, in this process beside ours-direct
+        self.base_lib = flashattn._lib.load_library(args.base_library) if "base-direct" in args.impls else None
         if self.device == "cpu":
             torch.set_num_threads(args.threads)  # our CPU backend takes torch's thread count (_torch.py)
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -687,8 +715,9 @@ class Runner:
         if case.set == "decode" and case.seqlen_q > 1 and not impl.startswith("ours"):
             raise NotImplementedError("several query tokens per sequence: SDPA's causal mask is top-left, ours "
                                       "bottom-right")
-        if impl == "ours-direct":
-            d = Direct(torch, q, k, v, case.causal, g if pass_ != "fwd" else None)
+        if impl in ("ours-direct", "base-direct"):
+            d = Direct(torch, q, k, v, case.causal, g if pass_ != "fwd" else None,
+                       self.base_lib if impl == "base-direct" else None)
             return Impl(getattr(d, pass_), keep=d)
         if impl == "ours":
             fwd, ctx = self.ours_fwd(case, q, k, v), None
@@ -711,8 +740,8 @@ class Runner:
         """First call (plans, compilation, errors), then two timed calls: the time N is chosen from."""
         with impl_obj.ctx():
             r = impl_obj.fn()
-            if isinstance(r, int) and r != 0:  # an fa_status from ours-direct
-                self.fa._lib.raise_for_status("fa_fwd/fa_bwd", r)
+            if isinstance(r, int) and r != 0:  # an fa_status from ours-direct or base-direct
+                impl_obj.keep.check("fa_fwd/fa_bwd", r)
             self.timer.sync()
             return self.timer.block(impl_obj.fn, 2, 0)
 

@@ -18,9 +18,10 @@ THROUGHPUT_UNITS = ("TFLOP/s", "TB/s")
 
 # Ratios printed per set: (numerator, denominator) implementations.
 RATIO_PAIRS = {
-    "paper": (("ours", "cudnn"), ("ours", "flash")),
-    "decode": (("ours", "cudnn"), ("ours", "flash"), ("ours-paged", "ours"), ("ours-append", "ours")),
-    "llama": (("ours", "cudnn"), ("ours", "flash")),
+    "paper": (("ours", "cudnn"), ("ours", "flash"), ("ours-direct", "base-direct")),
+    "decode": (("ours", "cudnn"), ("ours", "flash"), ("ours-paged", "ours"), ("ours-append", "ours"),
+               ("ours-direct", "base-direct")),
+    "llama": (("ours", "cudnn"), ("ours", "flash"), ("ours-direct", "base-direct")),
     "overhead": (("ours", "sdpa"),),
     "fp8": (("ours", "ours-bf16"), ("ours", "cudnn")),
 }
@@ -294,7 +295,7 @@ def summary_lines(records, impls=None, ceilings=None):
             if r["impl"] not in present:
                 present.append(r["impl"])
         cols = [i for i in (impls or present) if i in present] + [i for i in present if impls and i not in impls]
-        pairs = RATIO_PAIRS.get(set_name, ())
+        pairs = [(n, d) for n, d in RATIO_PAIRS.get(set_name, ()) if n in present and d in present]
         units = sorted({r["unit"] for r in recs})
         lines.append("")
         marked = any(d in MARKED_PEERS for _, d in pairs)
@@ -383,7 +384,7 @@ H100_MODEL = {
     "tflops": {"fwd": 300.0, "bwd": 200.0, "fwdbwd": 220.0},
     "decode_tbps": 2.0,
     "slowdown": {"ours": 1.0, "ours-direct": 1.0, "cudnn": 1.0, "flash": 2.0, "efficient": 3.0, "flex": 2.0,
-                 "ours-paged": 1.2, "ours-append": 1.1, "ours-bf16": 1.0},
+                 "ours-paged": 1.2, "ours-append": 1.1, "ours-bf16": 1.0, "base-direct": 1.0},
     "probe_s": {"cudnn": 0.3, "flex": 20.0, "other": 0.05},  # first call on a shape: plans, compilation
     "block_overhead_ms": 0.5,  # L2 flush, events, synchronisation per timed block
     "setup_s": 0.3,          # tensor allocation, random fill and release per shape

@@ -19,6 +19,11 @@
 #   decode     compare.py --sets decode: the plain shapes (ours, cuDNN, pages of 16, append + rotary), pages
 #              of 64 and 256, MQA 32/1, head dims 64 and 256, 4 query tokens; bench/decode_report.py's table
 #              of them all -> decode.log, the runs' JSON in extras.tar (not part of all)
+#   ab         a change against the build before it: FA_AB_BASE names that build's source tree (e.g. `git archive
+#              HEAD | tar x -C .carry/base`, carried), whose library is built there with this FA_HDIMS; then
+#              compare.py --impls ours-direct,base-direct (FA_COMPARE_ARGS replaces the default --sets paper,llama
+#              --passes bwd): both in one process, ratio ours-direct/base-direct -> ab.log, ab.json, ab-build.log
+#              (not part of all)
 #   profile    ncu (--set full) of one call of ours and of cuDNN's SDPA on one shape (FA_PROFILE="bwd 128
 #              16384 [causal]", the default, or "decode BATCH CACHE_LENGTH [HQ/HKV [D]]"), the main metrics of every
 #              kernel side by side -> profile.log, the reports in extras.tar (not part of all)
@@ -41,9 +46,9 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1 ;;
     --jobs) JOBS=$2; shift ;;
     --jobs=*) JOBS=${1#--jobs=} ;;
-    build | test | sanitize | bench | cpu | decode | profile | summary) PARTS+=("$1") ;;
+    build | test | sanitize | bench | cpu | decode | ab | profile | summary) PARTS+=("$1") ;;
     all) PARTS+=(test sanitize bench cpu) ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "device.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -321,6 +326,22 @@ pack_outputs() {
     if [ -d "$EXTRA" ]; then tar -C "$OUT" -cf "$OUT/extras.tar" extra && rm -rf "$EXTRA"; fi
 }
 
+part_ab() {
+    local base=${FA_AB_BASE:-}
+    if [ -z "$base" ] || [ ! -f "$base/Makefile" ]; then
+        note "ab: FA_AB_BASE must name the base build's source tree (FA_AB_BASE='$base')"; FAILED+=(ab); return 1
+    fi
+    note "ab: building the base library in $base"
+    (cd "$base" && make -j"$JOBS" build/libflashattn.so) > "$OUT/ab-build.log" 2>&1 ||
+        { tail -20 "$OUT/ab-build.log"; note "ab: base build FAILED"; FAILED+=(ab); return 1; }
+    local cmp_args=${FA_COMPARE_ARGS:---sets paper,llama --passes bwd}
+    note "ab: $PY bench/compare.py --impls ours-direct,base-direct $cmp_args"
+    # shellcheck disable=SC2086
+    "$PY" bench/compare.py --impls ours-direct,base-direct --base-library "$(cd "$base" && pwd)/build/libflashattn.so" \
+        --json "$OUT/ab.json" $cmp_args > "$OUT/ab.log" 2>&1 || { tail -5 "$OUT/ab.log"; FAILED+=(ab); return 1; }
+    grep -E '^(==|shape|geomean)|ours-direct/base' "$OUT/ab.log" | tail -60
+    note "ab: done"
+}
 part_profile() {
     local ncu shape impl
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
@@ -363,6 +384,7 @@ for p in "${PARTS[@]}"; do
     bench) part_bench ;;
     cpu) part_cpu ;;
     decode) part_decode ;;
+    ab) part_ab ;;
     profile) part_profile ;;
     summary) ;;
     esac

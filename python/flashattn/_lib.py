@@ -320,6 +320,24 @@ _declare(lib)
 _check_abi(lib, library_path)
 
 
+def load_library(path):
+    """A second copy of the library, from a file other than the package's own (bench/compare.py's base-direct: a
+    build from before a change, timed beside this one in one process), declared and checked like the package's
+    own. The dynamic loader keeps the two apart: each copy resolves its own symbols and keeps its own state."""
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise ImportError(f"flashattn: {path} does not exist")
+    if os.path.realpath(path) == os.path.realpath(library_path):
+        raise ImportError(f"flashattn: {path} is the package's own library, not a second copy")
+    try:
+        other = ctypes.CDLL(path)
+    except OSError as e:
+        raise _load_error(path, e) from e
+    _declare(other)
+    _check_abi(other, path)
+    return other
+
+
 def _text(b):
     return b.decode("utf-8", "replace") if b else ""
 

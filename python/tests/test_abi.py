@@ -82,3 +82,22 @@ def test_offsets_match_c_compiler(lib, tmp_path):
     subprocess.run([cc, "-std=c11", "-I", os.path.dirname(HEADER), str(src), "-o", str(exe)], check=True)
     got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
     assert [line for line in got if line] == expected
+
+
+def test_a_second_copy_of_the_library_loads_beside_the_package_s(lib, tmp_path):
+    # bench/compare.py's base-direct: another build timed in the same process; its own symbols and state
+    copy = tmp_path / "libflashattn-base.so"
+    shutil.copyfile(lib.library_path, copy)
+    other = lib.load_library(str(copy))
+    assert other._handle != lib.lib._handle
+    assert other.fa_version_number() == lib.lib.fa_version_number()
+    assert other.fa_params_sizeof() == ctypes.sizeof(lib.Params)
+    assert ctypes.cast(other.fa_fwd, ctypes.c_void_p).value != ctypes.cast(lib.lib.fa_fwd, ctypes.c_void_p).value
+    with pytest.raises(ImportError, match="package's own library"):
+        lib.load_library(lib.library_path)
+    with pytest.raises(ImportError, match="does not exist"):
+        lib.load_library(str(tmp_path / "missing.so"))
+    text = tmp_path / "not-a-library.so"
+    text.write_text("no ELF here")
+    with pytest.raises(ImportError):
+        lib.load_library(str(text))

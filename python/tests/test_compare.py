@@ -220,6 +220,19 @@ def test_rounds_below_three_need_quick():
     assert compare.parse_args(["--rounds", "1", "--quick"]).rounds == 1
 
 
+def test_base_direct_needs_its_library_and_pairs_with_ours_direct():
+    for argv in (["--impls", "ours-direct,base-direct"], ["--base-library", "x.so"]):
+        with pytest.raises(SystemExit):
+            compare.parse_args(argv)
+    args = compare.parse_args(["--impls", "ours-direct,base-direct", "--base-library", "x.so"])
+    assert args.impls == ["ours-direct", "base-direct"] and args.base_library == "x.so"
+    for set_name in ("paper", "decode", "llama"):
+        assert ("ours-direct", "base-direct") in core.RATIO_PAIRS[set_name]
+    # the estimate counts it like ours-direct, and it is not timed in the FP8 set
+    assert core.H100_MODEL["slowdown"]["base-direct"] == 1.0
+    assert not core.impl_runs_on("base-direct", "fp8") and core.impl_runs_on("base-direct", "paper")
+
+
 def test_paper_options_select_shapes():
     args = compare.parse_args(["--sets", "paper", "--head-dims", "128", "--seqlens", "2048,4096", "--causal", "yes",
                                "--passes", "fwd,bwd"])
@@ -302,6 +315,28 @@ def test_cpu_quick_run_end_to_end(tmp_path):
     tail = res.stdout.rstrip().splitlines()
     assert any(x.startswith("geomean overhead") for x in tail[-20:]) and tail[-1].startswith("  e4m3, per 128 rows + H")
     assert math.isfinite(data["meta"]["elapsed_s"])
+
+
+def test_cpu_base_direct_beside_ours_direct(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is not installed")
+    import flashattn
+    base = tmp_path / "libflashattn-base.so"
+    base.write_bytes(open(flashattn.library_path, "rb").read())
+    js = tmp_path / "b.json"
+    cmd = [sys.executable, os.path.join(BENCH, "compare.py"), "--device", "cpu", "--quick", "--rounds", "2",
+           "--block-ms", "2", "--sets", "paper,llama", "--impls", "ours-direct,base-direct", "--base-library",
+           str(base), "--json", str(js)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(js.read_text())
+    assert not data["missing"]
+    keys = {(r["set"], r["shape"], r["pass"]) for r in data["records"]}
+    for key in keys:
+        assert {r["impl"] for r in data["records"] if (r["set"], r["shape"], r["pass"]) == key} == \
+            {"ours-direct", "base-direct"}
+    pairs = [e for e in data["ratios"] if (e["num"], e["den"]) == ("ours-direct", "base-direct")]
+    assert len(pairs) == len(keys) and all(len(e["rounds"]) == 2 for e in pairs)
+    assert "ours-direct/base-direct" in res.stdout
 
 
 def test_cpu_paged_decode(tmp_path):
