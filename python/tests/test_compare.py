@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """bench/compare.py, the harness that times ours and the peers the same way: its torch-free helpers
 (bench/compare_core.py: FLOP and byte counts, shape sets, the number of calls, the round order, statistics,
-ratios, the summary table, CSV rows, the run-time estimate), its argument handling, and, when PyTorch is
-installed, the direct ctypes call against the binding and a whole --device cpu --quick run."""
+ratios, the summary table, CSV rows, the run-time estimate), its argument handling, the direct ctypes call on a
+second copy of the library (base-direct; numpy arrays), and, when PyTorch is installed, the direct call against the
+binding and whole --device cpu runs."""
 
 import json
 import math
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import REPO_ROOT
@@ -255,6 +257,73 @@ def test_summary_from_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "GEMM bf16 8192^3 700 TFLOP/s" in out and "copy 2.9 TB/s" in out
     assert out.rstrip().splitlines()[-1].startswith("geomean paper fwd")
+
+
+# ---- the direct call on numpy arrays (the few tensor calls it makes, stood in for), then with PyTorch ----
+
+class _Array:
+    """What Direct asks of a torch tensor, on a numpy array (the CPU backend reads it through data_ptr)."""
+
+    is_cuda, device = False, "cpu"
+
+    def __init__(self, a):
+        self.a = np.ascontiguousarray(a)
+
+    def detach(self):
+        return self
+
+    @property
+    def shape(self):
+        return self.a.shape
+
+    @property
+    def dtype(self):
+        return self.a.dtype.type
+
+    def data_ptr(self):
+        return self.a.ctypes.data
+
+    def stride(self):
+        return tuple(x // self.a.itemsize for x in self.a.strides)
+
+
+class _ArrayTorch:
+    float32, float16, bfloat16 = np.float32, "f16 (not used)", "bf16 (not used)"
+    uint8 = np.uint8
+
+    @staticmethod
+    def empty_like(t):
+        return _Array(np.empty_like(t.a))
+
+    @staticmethod
+    def empty(shape, dtype=None, device=None):
+        return _Array(np.empty(shape, dtype=dtype))
+
+    @staticmethod
+    def get_num_threads():
+        return 1
+
+
+def test_direct_on_a_second_copy_of_the_library(tmp_path):
+    # base-direct: the same parameter block through another copy of the library gives the same bits
+    from flashattn import _lib
+    base_path = tmp_path / "libflashattn-base.so"
+    base_path.write_bytes(open(_lib.library_path, "rb").read())
+    base = _lib.load_library(str(base_path))
+    rng = np.random.default_rng(0)
+    q, g = (_Array(rng.standard_normal((2, 40, 4, 64)).astype(np.float32)) for _ in range(2))
+    k, v = (_Array(rng.standard_normal((2, 56, 2, 64)).astype(np.float32)) for _ in range(2))
+    ours = compare.Direct(_ArrayTorch, q, k, v, True, g)   # fa_fwd, fa_bwd once each, statuses checked
+    other = compare.Direct(_ArrayTorch, q, k, v, True, g, base)
+    assert ours.lib is _lib.lib and other.lib is base
+    for x, y in ((ours.o, other.o), (ours.dq, other.dq), (ours.dk, other.dk), (ours.dv, other.dv)):
+        assert np.isfinite(x.a).all() and np.array_equal(x.a, y.a)
+    other.o.a[:] = 0
+    assert other.fwd() == 0 and np.array_equal(other.o.a, ours.o.a)
+    assert other.bwd() == 0 and other.fwdbwd() == 0
+    # a failed call reports the message of the copy that made it
+    with pytest.raises(RuntimeError, match="libflashattn-base.so.*FA_ERR_INVALID_ARGUMENT"):
+        other.check("fa_fwd", _lib.FA_ERR_INVALID_ARGUMENT)
 
 
 # ---- with PyTorch: the direct call and a whole CPU run ----
