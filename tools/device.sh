@@ -19,8 +19,8 @@
 #   decode     compare.py --sets decode: the plain shapes (ours, cuDNN, pages of 16, append + rotary), pages
 #              of 64 and 256, MQA 32/1, head dims 64 and 256, 4 query tokens; bench/decode_report.py's table
 #              of them all -> decode.log, the runs' JSON in extras.tar (not part of all)
-#   ab         a change against the build before it: FA_AB_BASE names that build's source tree (e.g. `git archive
-#              HEAD | tar x -C .carry/base`, carried), whose library is built there with this FA_HDIMS; then
+#   ab         a change against the build before it: FA_AB_BASE names that build's source tree (e.g. what `git
+#              archive BASE | tar x -C DIR` writes), whose library is built there with this FA_HDIMS; then
 #              compare.py --impls ours-direct,base-direct (FA_COMPARE_ARGS replaces the default --sets paper,llama
 #              --passes bwd): both in one process, ratio ours-direct/base-direct -> ab.log, ab.json, ab-build.log
 #              (not part of all)
