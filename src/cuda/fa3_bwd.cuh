@@ -725,12 +725,13 @@ __global__ void __launch_bounds__(384, 1)
         fa3_bwd_store_ds<BM, BN>(ds16, s_ds + buf * C::kDSBytes, row_base, warp_in_wg, lane);
 
         /* dQ of the previous step (whose dS^T both warpgroups have written by now, or soon) between dV and dK, so
-         * that its reductions run while dK's product is on the tensor cores */
+         * that its reductions run while dK's product is on the tensor cores. dK's issue stays in both branches: with
+         * dq declared outside them (its product issued only when t > 0), ptxas serializes every wgmma and spills. */
         if (t > 0) {
             float dq[32];
             fa3_bwd_issue_dq_of<BN, T>(dq, bars + C::kBarDSReady, s_ds, C::kDSBytes, s_ds_part, s_k_part, t - 1);
             fa3_bwd_issue_rs<D, BM, T>(dk, ds16, q_tile);
-            fa3_bwd_publish_ds(bars + C::kBarDSReady + 8 * buf, t == 0 && c == 0);
+            fa3_bwd_publish_ds(bars + C::kBarDSReady + 8 * buf, false);
             hp_wgmma_wait<1>(); /* dV and dQ done */
 #pragma unroll
             for (int i = 0; i < 32; ++i) hp_fence_reg(dq[i]);
