@@ -40,7 +40,7 @@ static const char usage[] =
     "options:\n"
     "  --backend B[,B...]      auto|cpu|cuda|naive|reference (auto: cuda with a GPU, else cpu); bench takes a list\n"
     "  --dtype T               f32|f16|bf16|e4m3 (e4m3: float8 q, k, v with descales, bf16 o; forward only,\n"
-    "                          cpu, reference and cuda backends; cuda: FA3 on Hopper, head dims 128 and 256)\n"
+    "                          cpu, reference and cuda backends; cuda: FA3 on Hopper, head dims 64, 128, 256)\n"
     "  --descale-block N       e4m3: one descale per N rows of a sequence (default 0: one per batch entry and head)\n"
     "  --batch B  --heads H  --heads-kv HK  --head-dim D\n"
     "  --seqlen-q N  --seqlen-k M   (--seqlen N sets both; seqlen-k defaults to seqlen-q)\n"

@@ -341,11 +341,12 @@ static void gpu_cases(void) {
     add("nan-padding", with_causal(with_layout(shape(FA_F16, 2, 4, 4, 100, 100, 64), VF_LAYOUT_PADDED)), F | NANPAD);
     c = with_causal(shape(FA_BF16, 2, 8, 8, 1024, 1024, 128));
     add("large", c, F | BIG);
-    /* e4m3 inputs on the FA3 e4m3 kernel (compute capability 9.0: SM90 cases), head dims 128 and 256 with
+    /* e4m3 inputs on the FA3 e4m3 kernel (compute capability 9.0: SM90 cases), head dims 64, 128 and 256 with
      * descales per (batch entry, head): GQA, several key blocks, causal with more keys than queries, f16 O
      * without descales, windows on both sides with a large q, softcap and varlen, MQA; poisoned outputs as
-     * everywhere. Blocks of descales other than multiples of 64 (q) and 128 (k, v), head dim 64 and rows that are
-     * not 16-byte multiples are refused (UNSUP). */
+     * everywhere. Blocks of descales other than multiples of 64 (q) and 128 (k, v), head dims other than 64, 128
+     * and 256, and rows that are not 16-byte multiples are refused (UNSUP). Head dim 64's rows are half of the
+     * tiles' 128-byte rows (TMA fills the rest): its cases cover partial tiles at both ends, varlen, a window. */
     add("e4m3", shape(FA_E4M3, 2, 4, 2, 77, 77, 128), MUST | SM90);
     add("e4m3", shape(FA_E4M3, 1, 4, 4, 700, 900, 256), MUST | SM90);
     c = with_causal(shape(FA_E4M3, 2, 4, 1, 300, 530, 128));
@@ -375,8 +376,16 @@ static void gpu_cases(void) {
     c = shape(FA_E4M3, 1, 2, 2, 64, 64, 128);
     c.descale_block = 16;
     add("e4m3", c, 0);
-    add("e4m3", shape(FA_E4M3, 1, 2, 2, 64, 64, 64), 0);
+    add("e4m3", shape(FA_E4M3, 1, 2, 2, 64, 64, 96), 0);
     add("e4m3", with_layout(shape(FA_E4M3, 1, 2, 2, 64, 64, 128), VF_LAYOUT_PADDED), 0);
+    add("e4m3", shape(FA_E4M3, 2, 4, 2, 77, 77, 64), MUST | SM90);
+    add("e4m3", with_causal(shape(FA_E4M3, 2, 4, 1, 300, 530, 64)), MUST | SM90);
+    c = with_varlen(shape(FA_E4M3, 6, 4, 2, 250, 270, 64), 3);
+    c.softcap = 3.0f;
+    add("e4m3", c, MUST | SM90);
+    c = with_window(shape(FA_E4M3, 2, 2, 2, 400, 400, 64), 60, 5);
+    c.descale_block = 128;
+    add("e4m3", c, MUST | SM90);
     /* Head dim 64 above 256 queries under a causal mask: 192-row tiles aligned to the last 64-row group, so the
      * first tile starts before row 0 (its first warpgroups have no rows) and, where the length is not a multiple
      * of 64, the last warpgroup reaches past the end; varlen gives every sequence its own alignment. Without a

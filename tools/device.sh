@@ -132,6 +132,9 @@ part_sanitize() {
     matrix+=("--backend cuda --kernel fa3 --dtype e4m3 --batch 2 --seqlen-q 200 --seqlen-k 333 --heads 4 --heads-kv 2 \
 --head-dim 128 --causal")
     matrix+=("--backend cuda --kernel fa3 --dtype e4m3 --batch 3 --seqlen 150 --heads 2 --head-dim 256 --varlen --window 40,7")
+    # (head dim 64: rows of half a tile row, the rest filled by TMA)
+    matrix+=("--backend cuda --kernel fa3 --dtype e4m3 --batch 3 --seqlen-q 150 --seqlen-k 270 --heads 4 --heads-kv 1 \
+--head-dim 64 --varlen --causal")
     matrix+=("--decode --backend cuda --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seqlen-k 300 --head-dim 128 \
 --page-size 16 --new 1 --rotary-dim 64")
     matrix+=("--decode --backend cuda --dtype f16 --batch 3 --heads 6 --heads-kv 2 --seqlen-k 300 --head-dim 192 \

@@ -6,7 +6,7 @@
 //   - the result is byte for byte that of the previous writer (one task per warp in turn, task t: key group
 //     t % 8, column group t / 8, addresses from the lane's row and chunk), emulated the same way;
 //   - each 8-row matrix of every ldmatrix and stmatrix touches 8 different 16-byte bank groups (no conflicts);
-// for D = 128 and 256, 3 warps (the kernel's writer) and 4 (dev/fp8/parts_test.cu), several stage bases.
+// for D = 64 (half of each 128-byte row of V), 128 and 256, 3 warps (the kernel's writer) and 4 (dev/fp8/parts_test.cu), several stage bases.
 // No GPU needed. From the repository root:
 //   nvcc -std=c++17 -Isrc -o /tmp/vt_emul dev/fp8/vt_emul.cu && /tmp/vt_emul
 #include <stdio.h>
@@ -158,7 +158,7 @@ static void new_all(Smem &s, uint32_t s_v, uint32_t s_vt) {
 
 template <int D, int NW>
 static void run(uint32_t s_v, uint32_t s_vt, unsigned seed) {
-    const uint32_t size = (s_v > s_vt ? s_v : s_vt) + 128 * D + 4096;
+    const uint32_t size = (s_v > s_vt ? s_v : s_vt) + 128 * (D < 128 ? 128 : D) + 4096; /* V's rows: whole slabs */
     Smem ref(size);
     std::vector<uint8_t> val(128 * D);
     for (int x = 0; x < 128 * D; ++x) {
@@ -188,6 +188,8 @@ static void run(uint32_t s_v, uint32_t s_vt, unsigned seed) {
 int main() {
     const uint32_t bases[][2] = { { 0, 65536 }, { 1024, 99328 }, { 73728, 7168 } };
     for (int i = 0; i < 3; ++i) {
+        run<64, 3>(bases[i][0], bases[i][1], 41 + i);
+        run<64, 4>(bases[i][0], bases[i][1], 51 + i);
         run<128, 3>(bases[i][0], bases[i][1], 1 + i);
         run<128, 4>(bases[i][0], bases[i][1], 11 + i);
         run<256, 3>(bases[i][0], bases[i][1], 21 + i);

@@ -10,7 +10,7 @@ mkdir -p "$B"
 NVCC=${NVCC:-nvcc}
 FLAGS="-O3 -std=c++17 -Iinclude -Isrc -lineinfo -DFA_WITH_CUDA -DFA_TUNING -gencode=arch=compute_90a,code=sm_90a -Xptxas --warn-on-spills"
 pids=()
-LIB="fa3_fwd fa3_fwd_hdim64 fa3_fwd_hdim128 fa3_fwd_hdim256 fa3_fp8_fwd_hdim128 fa3_fp8_fwd_hdim256 tensor_map"
+LIB="fa3_fwd fa3_fwd_hdim64 fa3_fwd_hdim128 fa3_fwd_hdim256 fa3_fp8_fwd_hdim64 fa3_fp8_fwd_hdim128 fa3_fp8_fwd_hdim256 tensor_map"
 for f in $LIB; do
     $NVCC $FLAGS -Xcompiler -fPIC -c "src/cuda/$f.cu" -o "$B/$f.o" &
     pids+=($!)

@@ -567,7 +567,7 @@ def test_fp8_incoherent_processing_lowers_the_error():
 
 
 @needs_cuda
-@pytest.mark.parametrize("d,causal", [(128, False), (128, True), (256, False)])
+@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True), (256, False)])
 def test_fp8_cuda_matches_dequantized(d, causal):
     """The Hopper e4m3 kernel (where the device has one) against the CPU backend's fp32 forward on the dequantized
     inputs: P is rounded to e4m3 and the tensor cores sum with fewer bits, so the bound is a few e4m3 units of P's
@@ -587,7 +587,7 @@ def test_fp8_cuda_matches_dequantized(d, causal):
 
 
 @needs_cuda
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_fp8_cuda_block_descales(d):
     """Per-block descales on the Hopper kernel (q in blocks of 64 rows, k and v of 128), against the CPU backend's
     fp32 forward on the dequantized inputs; the blocks' scales differ by up to 16x."""
@@ -608,8 +608,8 @@ def test_fp8_cuda_block_descales(d):
 
 @needs_cuda
 def test_fp8_cuda_refusals_name_the_cause():
-    q8, k8, v8 = (torch.randn(1, 16, 2, 64, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
-    with pytest.raises(flashattn.FlashAttnError, match="e4m3"):  # head dim 64: no e4m3 kernel
+    q8, k8, v8 = (torch.randn(1, 16, 2, 96, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
+    with pytest.raises(flashattn.FlashAttnError, match="e4m3"):  # head dim 96: no e4m3 kernel
         flash_attn_func(q8, k8, v8)
     q8, k8, v8 = (torch.randn(1, 32, 2, 128, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
     ds = torch.ones(1, 2, 4, device="cuda")

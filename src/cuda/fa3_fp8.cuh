@@ -58,7 +58,8 @@ static __device__ __forceinline__ void fa3_fp8_pack_p(const float (&s)[BN / 2], 
     }
 }
 
-/* V (BN = 128 keys x D bytes, [D / 128 slabs][128 rows][128 B]) into V^T ([D rows][128 B], keys at
+/* V (BN = 128 keys x D bytes, [max(D / 128, 1) slabs][128 rows][128 B]: head dim 64 fills half of each row) into
+ * V^T ([D rows][128 B], keys at
  * fa3_fp8_key_pos) by NW warps, one 16-key x 32-byte block (key group g, head-dim bytes 32 cg..) per task:
  *   - ldmatrix .trans of four 8 x 8 16-bit matrices (keys 16 g + 8 (i % 2) + 0..7, head-dim bytes
  *     32 cg + 16 (i / 2) + 0..15, matrix i = lane / 8): register i of lane (c = lane / 4, q = lane % 4) holds the
@@ -79,7 +80,7 @@ static __device__ __forceinline__ void fa3_fp8_pack_p(const float (&s)[BN / 2], 
  * consecutive tasks, run W for warp W. */
 template <int D, int NW, int W>
 struct fa3_fp8_vt_tasks {
-    static constexpr int kSlabs = D / 128, kTasks = 8 * D / 32;
+    static constexpr int kSlabs = (D + 127) / 128, kTasks = 8 * D / 32;
     static constexpr int kFirst = W * kTasks / NW, kCount = (W + 1) * kTasks / NW - kFirst;
     static __host__ __device__ constexpr int g(int k) {
         return ((kFirst + k) / kSlabs) % 8;
@@ -167,7 +168,8 @@ static __device__ __forceinline__ void fa3_fp8_transpose_v_warp(uint32_t s_v, ui
 /* The transpose by NW warps (thread t < 32 NW); s_v and s_vt 128-byte aligned (swizzled tiles: 1024). */
 template <int D, int NW = 4>
 static __device__ __forceinline__ void fa3_fp8_transpose_v(uint32_t s_v, uint32_t s_vt, int t) {
-    static_assert(D % 128 == 0 && NW >= 1 && NW <= 4, "e4m3 V tiles are whole 128-byte slabs; up to 4 warps");
+    static_assert((D == 64 || D % 128 == 0) && NW >= 1 && NW <= 4,
+                  "e4m3 V tiles are 128-byte slabs (head dim 64: half of one); up to 4 warps");
     const int w = t / 32;
     if (w == 0) fa3_fp8_transpose_v_warp<D, NW, 0>(s_v, s_vt);
     if constexpr (NW > 1)

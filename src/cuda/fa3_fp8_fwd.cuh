@@ -16,6 +16,9 @@
  *     softcap see S in the units of the true scores times a constant), v's multiplies 1 / l;
  *   - O (bf16 or f16, out_dtype) is written from registers to global memory (the V^T stages take the shared
  *     memory that the 16-bit kernel gives O's tiles).
+ * Head dims 64, 128 and 256; head dim 64 in the tiles of 128 (fa3_fp8_tile_d). Its exponentials, not its
+ * products, set its pace: per 128-key block the SM's 16 exp2 a clock take twice the tensor cores' time (at 128 as
+ * long, at 256 half), and a bf16 tile needs as many, so at head dim 64 e4m3 runs at about the bf16 kernel's rate.
  * Two consumer warpgroups of 64 rows, 128-key blocks, the intra-warpgroup overlap (Q K(i)^T and P(i - 1) V(i - 1)
  * issued together, the softmax of S(i) under the P V), ping-pong and Q from registers at head dim 128 only
  * (fa3_fp8_pingpong, fa3_fp8_qrs), every block in the general step (ring stages at run time). Per-block
@@ -63,16 +66,24 @@ static __host__ __device__ constexpr bool fa3_fp8_pingpong(int d) {
 #error "FA3_FP8_VT_SKIP gives wrong results: developer timing builds only (with FA_TUNING)"
 #endif
 
+/* The head dim of the shared-memory tiles: at least one 128-byte slab per row, so that head dim 64 (64-byte rows)
+ * takes the 128-byte swizzle and every part of the larger head dims (TMA boxes, descriptors, the V^T writer):
+ * its tensor maps give 64 bytes of each row and TMA fills the box's other 64 with zeros, which Q K^T (two k32
+ * steps) and the V^T writer (two column groups) never read. */
+static __host__ __device__ constexpr int fa3_fp8_tile_d(int d) {
+    return d < 128 ? 128 : d;
+}
+
 template <int D>
-struct fa3_fp8_cfg : fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> {
-    typedef fa3_cfg<D, FA3_FP8_BN, FA3_FP8_NWG, 1> Base;
+struct fa3_fp8_cfg : fa3_cfg<fa3_fp8_tile_d(D), FA3_FP8_BN, FA3_FP8_NWG, 1> {
+    typedef fa3_cfg<fa3_fp8_tile_d(D), FA3_FP8_BN, FA3_FP8_NWG, 1> Base;
     static constexpr int kVtStages = Base::kVtStages;
     /* V^T ready and V^T empty, per V^T stage, after the shared barrier area (8-byte aligned) */
     static constexpr int kOffVtReady = (Base::kOffBar + Base::kBarBytes + 7) / 8 * 8;
     static constexpr int kOffVtEmpty = kOffVtReady + 8 * kVtStages;
     static constexpr int kSmemBytes = kOffVtEmpty + 8 * kVtStages + 1024;
     static_assert(kSmemBytes <= 232448, "e4m3 tiles fit in shared memory");
-    static_assert(D == 128 || D == 256, "e4m3 head dims");
+    static_assert(D == 64 || D == 128 || D == 256, "e4m3 head dims");
 };
 
 /* Warps 1-3 of the producer warpgroup: every V block in ring order into its V^T stage (fa3_fp8_transpose_v_warp;
@@ -100,7 +111,7 @@ static __device__ __forceinline__ void fa3_fp8_vt_writer_warp(uint32_t s_v, uint
         if (valid < FA3_FP8_BN) {
             const int t = threadIdx.x - 32;
             const int per_slab = (FA3_FP8_BN - valid) * 8; /* 16-byte chunks of the dead rows of one slab */
-            for (int x = t; x < per_slab * (D / 128); x += 96) {
+            for (int x = t; x < per_slab * (fa3_fp8_tile_d(D) / 128); x += 96) {
                 const int slab = x / per_slab, rem = x - slab * per_slab;
                 const uint32_t addr = v + slab * (FA3_FP8_BN * 128) + (valid + rem / 8) * 128 + (rem % 8) * 16;
                 asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
@@ -395,7 +406,7 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
     if (wg == 0) {
         hp_setmaxnreg_dec<C::kRegsProducer>();
         if (threadIdx.x == 0)
-            fa3_producer<D, BN, NWG, GENERAL, 1>(a, tm_q, tm_k, tm_v, smem, varlen);
+            fa3_producer<fa3_fp8_tile_d(D), BN, NWG, GENERAL, 1>(a, tm_q, tm_k, tm_v, smem, varlen);
         else if (threadIdx.x >= 32)
             fa3_fp8_vt_writer<D>(s_v, s_vt, bars + B::kVFull, bars + B::kVEmpty, bar_vt_ready, bar_vt_empty,
                                  bars + B::kVValid);

@@ -75,15 +75,16 @@ fa_status fa3_check_tensor(const char *name, const fa_tensor *t, int dense, int 
     return FA_OK;
 }
 
-/* What the e4m3 kernel (fa3_fp8_fwd.cuh) takes beyond the 16-bit kernel's rules: head dims 128 and 256, descales
+/* What the e4m3 kernel (fa3_fp8_fwd.cuh) takes beyond the 16-bit kernel's rules: head dims 64, 128 and 256, descales
  * per (batch entry, head), rows of q, k and v 16-byte aligned (TMA moves bytes: strides in multiples of 16 e4m3
  * elements). */
 static fa_status fa3_fp8_supported(const fa_params *p) {
-    const int compiled = (p->head_dim == 128 && FA_HAS_HDIM_128) || (p->head_dim == 256 && FA_HAS_HDIM_256);
+    const int compiled = (p->head_dim == 64 && FA_HAS_HDIM_64) || (p->head_dim == 128 && FA_HAS_HDIM_128) ||
+                         (p->head_dim == 256 && FA_HAS_HDIM_256);
     if (!compiled)
         return fa_fail(FA_ERR_UNSUPPORTED,
-                       "fa3 e4m3 forward: head_dim %d (the e4m3 kernel has head dims 128 and 256%s)", p->head_dim,
-                       FA_HAS_HDIM_128 && FA_HAS_HDIM_256 ? "" : ", not all of them compiled");
+                       "fa3 e4m3 forward: head_dim %d (the e4m3 kernel has head dims 64, 128 and 256%s)", p->head_dim,
+                       FA_HAS_HDIM_64 && FA_HAS_HDIM_128 && FA_HAS_HDIM_256 ? "" : ", not all of them compiled");
     if (p->descale_block_q % 64 != 0 || p->descale_block_k % 128 != 0)
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "fa3 e4m3 forward: descale_block_q / descale_block_k (%d / %d): the CUDA kernel takes blocks of "
@@ -411,6 +412,9 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     if (p->dtype == FA_E4M3) { /* O (out_dtype) is written from registers: no map */
         const int out_bf16 = p->out_dtype == FA_BF16;
         switch (p->head_dim) {
+#if FA_HAS_HDIM_64
+        case 64: return fa3_fp8_run_hdim64(&pr, out_bf16, stream);
+#endif
 #if FA_HAS_HDIM_128
         case 128: return fa3_fp8_run_hdim128(&pr, out_bf16, stream);
 #endif

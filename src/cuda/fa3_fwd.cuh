@@ -154,6 +154,7 @@ fa_status fa3_run_hdim64(const fa3_problem *pr, int bf16, int block_m, int block
 fa_status fa3_run_hdim128(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
 fa_status fa3_run_hdim256(const fa3_problem *pr, int bf16, int block_n, int schedule, cudaStream_t stream);
 /* The e4m3 kernel's launchers (fa3_fp8_fwd_hdim*.cu): O in bf16 (out_bf16) or f16. */
+fa_status fa3_fp8_run_hdim64(const fa3_problem *pr, int out_bf16, cudaStream_t stream);
 fa_status fa3_fp8_run_hdim128(const fa3_problem *pr, int out_bf16, cudaStream_t stream);
 fa_status fa3_fp8_run_hdim256(const fa3_problem *pr, int out_bf16, cudaStream_t stream);
 
@@ -1804,7 +1805,7 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
  * without a mask 128 169 -> 157, 256 equal, 384 / 512 / 1k 273 -> 337 / 295 -> 355 / 364 -> 429.
  * FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
 static inline int fa3_block_m(const fa_params *p) {
-    if (p->head_dim != 64) return 128;
+    if (p->head_dim != 64 || p->dtype == FA_E4M3) return 128; /* the e4m3 kernel: two consumer warpgroups */
     if (fa3_knobs_get()->block_m) return fa3_knobs_get()->block_m;
     const int right_bounded = p->causal || p->window_right >= 0;
     return p->seqlen_q > (right_bounded ? 256 : 128) ? 192 : 128;

@@ -104,13 +104,15 @@ fa_status fa3_tensor_map(CUtensorMap *map, fa_dtype dtype, const void *base, con
 fa_status fa3_tensor_map_rows(CUtensorMap *map, const fa_params *p, const fa_tensor *t, int64_t rows, int heads,
                               int box_rows) {
     const int batch = fa_is_varlen(p) ? 1 : p->batch;
-    /* a slab is 128 bytes of a row: 64 16-bit elements, or 128 e4m3 ones (t is q, k or v: o is never e4m3) */
+    /* a slab is 128 bytes of a row: 64 16-bit elements, or 128 e4m3 ones (t is q, k or v: o is never e4m3). An
+     * e4m3 row of head dim 64 is half a slab: the box stays a slab wide, and TMA fills the 64 bytes past the row
+     * with zeros (fa3_fp8_tile_d). */
     const int eb = p->dtype == FA_E4M3 ? 1 : 2, slab = 128 / eb;
-    const uint64_t dims[5] = { (uint64_t)slab, (uint64_t)rows, (uint64_t)(p->head_dim / slab), (uint64_t)heads,
-                               (uint64_t)batch };
+    const int inner = p->head_dim < slab ? p->head_dim : slab, slabs = (p->head_dim + slab - 1) / slab;
+    const uint64_t dims[5] = { (uint64_t)inner, (uint64_t)rows, (uint64_t)slabs, (uint64_t)heads, (uint64_t)batch };
     /* A dimension of extent 1 is never stepped; give it a stride TMA accepts whatever the caller passed. */
     const uint64_t strides[4] = { (uint64_t)t->stride_seq * eb, 128, heads > 1 ? (uint64_t)t->stride_head * eb : 16,
                                   batch > 1 ? (uint64_t)t->stride_batch * eb : 16 };
-    const uint32_t box[5] = { (uint32_t)slab, (uint32_t)box_rows, (uint32_t)(p->head_dim / slab), 1, 1 };
+    const uint32_t box[5] = { (uint32_t)slab, (uint32_t)box_rows, (uint32_t)slabs, 1, 1 };
     return fa3_tensor_map(map, p->dtype, t->data, dims, strides, box);
 }
