@@ -18,7 +18,7 @@
  *     memory that the 16-bit kernel gives O's tiles).
  * Head dims 64, 128 and 256; head dim 64 in the tiles of 128 (fa3_fp8_tile_d). Its exponentials, not its
  * products, set its pace: per 128-key block the SM's 16 exp2 a clock take twice the tensor cores' time (at 128 as
- * long, at 256 half), and a bf16 tile needs as many, so at head dim 64 e4m3 runs at about the bf16 kernel's rate.
+ * long, at 256 half), and a bf16 tile needs as many: at head dim 64 e4m3 is no faster than bf16 (0.8-0.9x).
  * Two consumer warpgroups of 64 rows, 128-key blocks, the intra-warpgroup overlap (Q K(i)^T and P(i - 1) V(i - 1)
  * issued together, the softmax of S(i) under the P V), ping-pong and Q from registers at head dim 128 only
  * (fa3_fp8_pingpong, fa3_fp8_qrs), every block in the general step (ring stages at run time). Per-block
@@ -43,7 +43,8 @@ static __host__ __device__ constexpr bool fa3_fp8_qrs(int d) {
     return FA3_FP8_QRS && d == 128;
 }
 /* Ping-pong between the two consumer warpgroups: head dim 128 only (H200 16k: 742 against 723 TFLOP/s without;
- * at 256, 669 against 689 without). FA3_FP8_PINGPONG=0 drops it everywhere, for measuring. */
+ * at 256, 669 against 689 without; at 64, whose exponentials set the pace, 382-414 against 450-463). FA3_FP8_PINGPONG=0
+ * drops it everywhere, for measuring. */
 #ifndef FA3_FP8_PINGPONG
 #define FA3_FP8_PINGPONG 1
 #endif
