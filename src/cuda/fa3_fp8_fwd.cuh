@@ -43,8 +43,8 @@ static __host__ __device__ constexpr bool fa3_fp8_qrs(int d) {
     return FA3_FP8_QRS && d == 128;
 }
 /* Ping-pong between the two consumer warpgroups: head dim 128 only (H200 16k: 742 against 723 TFLOP/s without;
- * at 256, 669 against 689 without; at 64, whose exponentials set the pace, 382-414 against 450-463). FA3_FP8_PINGPONG=0
- * drops it everywhere, for measuring. */
+ * at 256, 669 against 689 without; at 64, whose exponentials set the pace, 382-414 against 450-463).
+ * FA3_FP8_PINGPONG=0 drops it everywhere, for measuring. */
 #ifndef FA3_FP8_PINGPONG
 #define FA3_FP8_PINGPONG 1
 #endif
