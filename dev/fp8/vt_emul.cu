@@ -6,7 +6,8 @@
 //   - the result is byte for byte that of the previous writer (one task per warp in turn, task t: key group
 //     t % 8, column group t / 8, addresses from the lane's row and chunk), emulated the same way;
 //   - each 8-row matrix of every ldmatrix and stmatrix touches 8 different 16-byte bank groups (no conflicts);
-// for D = 64 (half of each 128-byte row of V), 128 and 256, 3 warps (the kernel's writer) and 4 (dev/fp8/parts_test.cu), several stage bases.
+// for D = 64 (half of each 128-byte row of V), 128 and 256, 3 warps (the kernel's writer) and 4
+// (dev/fp8/parts_test.cu), several stage bases.
 // No GPU needed. From the repository root:
 //   nvcc -std=c++17 -Isrc -o /tmp/vt_emul dev/fp8/vt_emul.cu && /tmp/vt_emul
 #include <stdio.h>

@@ -59,8 +59,8 @@ static __device__ __forceinline__ void fa3_fp8_pack_p(const float (&s)[BN / 2], 
 }
 
 /* V (BN = 128 keys x D bytes, [max(D / 128, 1) slabs][128 rows][128 B]: head dim 64 fills half of each row) into
- * V^T ([D rows][128 B], keys at
- * fa3_fp8_key_pos) by NW warps, one 16-key x 32-byte block (key group g, head-dim bytes 32 cg..) per task:
+ * V^T ([D rows][128 B], keys at fa3_fp8_key_pos) by NW warps, one 16-key x 32-byte block (key group g, head-dim
+ * bytes 32 cg..) per task:
  *   - ldmatrix .trans of four 8 x 8 16-bit matrices (keys 16 g + 8 (i % 2) + 0..7, head-dim bytes
  *     32 cg + 16 (i / 2) + 0..15, matrix i = lane / 8): register i of lane (c = lane / 4, q = lane % 4) holds the
  *     16-bit pair of bytes n = 2c, 2c + 1 of keys 2q, 2q + 1 of its matrix;
