@@ -159,7 +159,7 @@ static void new_all(Smem &s, uint32_t s_v, uint32_t s_vt) {
 
 template <int D, int NW>
 static void run(uint32_t s_v, uint32_t s_vt, unsigned seed) {
-    const uint32_t size = (s_v > s_vt ? s_v : s_vt) + 128 * (D < 128 ? 128 : D) + 4096; /* V's rows: whole slabs */
+    const uint32_t size = (s_v > s_vt ? s_v : s_vt) + 128 * fa3_fp8_tile_d(D) + 4096;
     Smem ref(size);
     std::vector<uint8_t> val(128 * D);
     for (int x = 0; x < 128 * D; ++x) {

@@ -28,6 +28,14 @@ static __host__ __device__ __forceinline__ uint32_t fa3_sw128(uint32_t row, uint
     return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
 }
 
+/* The head dim of the shared-memory tiles: at least one 128-byte slab per row, so that head dim 64 (64-byte rows)
+ * takes the 128-byte swizzle and every part of the larger head dims (TMA boxes, descriptors, the V^T writer):
+ * its tensor maps give 64 bytes of each row and TMA fills the box's other 64 with zeros, which Q K^T (two k32
+ * steps) and the V^T writer (two column groups) never read. */
+static __host__ __device__ constexpr int fa3_fp8_tile_d(int d) {
+    return d < 128 ? 128 : d;
+}
+
 /* Position in V^T of key k of a block (see the file's comment). */
 static __host__ __device__ __forceinline__ int fa3_fp8_key_pos(int k) {
     const int c = k >> 5, j = (k >> 3) & 3, q = (k >> 1) & 3, e = k & 1;
@@ -80,7 +88,7 @@ static __device__ __forceinline__ void fa3_fp8_pack_p(const float (&s)[BN / 2], 
  * consecutive tasks, run W for warp W. */
 template <int D, int NW, int W>
 struct fa3_fp8_vt_tasks {
-    static constexpr int kSlabs = (D + 127) / 128, kTasks = 8 * D / 32;
+    static constexpr int kSlabs = fa3_fp8_tile_d(D) / 128, kTasks = 8 * D / 32;
     static constexpr int kFirst = W * kTasks / NW, kCount = (W + 1) * kTasks / NW - kFirst;
     static __host__ __device__ constexpr int g(int k) {
         return ((kFirst + k) / kSlabs) % 8;

@@ -67,14 +67,6 @@ static __host__ __device__ constexpr bool fa3_fp8_pingpong(int d) {
 #error "FA3_FP8_VT_SKIP gives wrong results: developer timing builds only (with FA_TUNING)"
 #endif
 
-/* The head dim of the shared-memory tiles: at least one 128-byte slab per row, so that head dim 64 (64-byte rows)
- * takes the 128-byte swizzle and every part of the larger head dims (TMA boxes, descriptors, the V^T writer):
- * its tensor maps give 64 bytes of each row and TMA fills the box's other 64 with zeros, which Q K^T (two k32
- * steps) and the V^T writer (two column groups) never read. */
-static __host__ __device__ constexpr int fa3_fp8_tile_d(int d) {
-    return d < 128 ? 128 : d;
-}
-
 template <int D>
 struct fa3_fp8_cfg : fa3_cfg<fa3_fp8_tile_d(D), FA3_FP8_BN, FA3_FP8_NWG, 1> {
     typedef fa3_cfg<fa3_fp8_tile_d(D), FA3_FP8_BN, FA3_FP8_NWG, 1> Base;
