@@ -13,13 +13,14 @@
  * and walks the query blocks of BM rows that see its keys, for every query head of its GQA group (the launch order
  * of these CTAs: fa3_bwd_cta_get):
  *   warpgroup 0  producer: thread 0 issues the TMA loads, K and V once, then Q and dO per step into a
- *                STAGES-deep ring (fa3_pipe); warp 1 copies the step's LSE * log2(e) and D rows beside them
+ *                STAGES-deep ring (fa3_pipe); warp 1 copies the step's LSE * log2(e) and -D rows beside them
  *                (+inf and 0 past the sequence, so that those queries get P = 0 without a mask). In a varlen
  *                batch (tensor maps over the packed tokens) the loads land on barriers of their own and warp 1
  *                first zeroes the rows of the next sequence that a box reaches (fa3_bwd_zero_rows), so that
  *                no value of another sequence meets this one's products, then releases the stage.
  *   warpgroups 1, 2  consumers, 64 key rows each (the A operand of every product is the warpgroup's own rows):
- *                S^T = K Q^T and dP^T = V dO^T (wgmma, both operands K-major in shared memory);
+ *                S^T = K Q^T and dP^T - D = V dO^T - D (wgmma, both operands K-major in shared memory; the
+ *                accumulator of the second starts at -D);
  *                P^T = exp2(S^T scale log2(e) - LSE2), dS^T = P^T (dP^T - D) [(1 - tanh^2) with softcap];
  *                dV += P^T dO and dK += dS^T Q with P^T, dS^T from registers (dO, Q MN-major);
  *                dS^T to shared memory; one step later (when the other warpgroup has written its half too)
@@ -85,7 +86,7 @@ struct fa3_bwd_layout {
     static constexpr int kOffQ = kOffV + kKVBytes;
     static constexpr int kOffDO = kOffQ + kStages * kQBytes;
     static constexpr int kOffDS = kOffDO + kStages * kQBytes;
-    static constexpr int kOffRows = kOffDS + 2 * kDSBytes; /* per stage: LSE2[BM], then D[BM] */
+    static constexpr int kOffRows = kOffDS + 2 * kDSBytes; /* per stage: LSE2[BM], then -D[BM] */
     static constexpr int kOffBar = kOffRows + kStages * 2 * BM * 4;
     static constexpr int kBarKV = 0;                            /* K and V loaded */
     static constexpr int kBarFull = 8;                          /* per stage: Q, dO (TMA) and the rows */
@@ -185,8 +186,9 @@ static __device__ __forceinline__ fa3_bwd_step fa3_bwd_step_get(int t, int nmb, 
 
 #if FA_SM90A
 
-/* S^T = K Q^T and dP^T = V dO^T for the warpgroup's 64 key rows: D / 16 wgmma steps each, one commit group
- * each (S^T first). */
+/* S^T = K Q^T and dP^T - D = V dO^T + (-D) for the warpgroup's 64 key rows, the dP^T accumulator set to the step's
+ * -D beforehand (fa3_bwd_neg_dsum), so that D takes no registers of its own until dS: D / 16 wgmma steps each, one
+ * commit group each (S^T first). (Set between the two products, ptxas waits for S^T before issuing dP^T.) */
 template <int D, int BM, typename T>
 static __device__ __forceinline__ void fa3_bwd_issue_sdp(float (&s)[BM / 2], float (&dp)[BM / 2], uint32_t s_k,
                                                          uint32_t s_v, uint32_t s_q, uint32_t s_do) {
@@ -204,7 +206,7 @@ static __device__ __forceinline__ void fa3_bwd_issue_sdp(float (&s)[BM / 2], flo
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
         fa3_wgmma_ss<BM, T>(dp, hp_desc_add(dv, ((kk / 4) * kBN * 128 + (kk % 4) * 32) >> 4),
-                            hp_desc_add(ddo, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4), kk > 0);
+                            hp_desc_add(ddo, ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4), 1);
     hp_wgmma_commit();
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) hp_fence_reg(s[i]), hp_fence_reg(dp[i]);
@@ -217,7 +219,7 @@ struct fa3_bwd_frag {
     int col0; /* 2 (lane % 4) */
 };
 
-/* The thread's values of one row array of the stage (LSE2 or D), at its query columns 8 c + col0, + 1. EARLY: all
+/* The thread's values of one row array of the stage (LSE2), at its query columns 8 c + col0, + 1. EARLY: all
  * loaded by fetch(), which the kernel issues ahead of the product they follow, so that their latency hides behind
  * the tensor cores; pinned there by asm volatile, and a generic load, not ld.shared, which waits in the queue that
  * also issues the wgmmas and starts the products later. Otherwise (softcap, whose dfac leaves no registers for
@@ -280,20 +282,31 @@ static __device__ __forceinline__ void fa3_bwd_probs(float (&s)[BM / 2], float (
     }
 }
 
-/* dS^T = P^T (dP^T - D) [dfac] in place of dP^T. */
-template <int BM, bool SOFTCAP, class Rows>
-static __device__ __forceinline__ void fa3_bwd_dscores(float (&dp)[BM / 2], const float (&p)[BM / 2],
-                                                       const float (&dfac)[SOFTCAP ? BM / 2 : 1], const Rows &dsum) {
+/* The dP^T accumulator's start: -D at the thread's query columns 8 c + col0, + 1 (rows r and r + 8 share them),
+ * from the stage's row of -D by generic loads (see fa3_bwd_rowvals). */
+template <int BM>
+static __device__ __forceinline__ void fa3_bwd_neg_dsum(float (&dp)[BM / 2], const float *neg_dsum,
+                                                        const fa3_bwd_frag &f) {
 #pragma unroll
     for (int c = 0; c < BM / 8; ++c) {
-        const float2 dd = dsum[c];
+        asm volatile("ld.v2.f32 {%0, %1}, [%2];"
+                     : "=f"(dp[4 * c]), "=f"(dp[4 * c + 1])
+                     : "l"(neg_dsum + 8 * c + f.col0)
+                     : "memory");
+        dp[4 * c + 2] = dp[4 * c];
+        dp[4 * c + 3] = dp[4 * c + 1];
+    }
+}
+
+/* dS^T = P^T (dP^T - D) [dfac] in place of dP^T - D. */
+template <int BM, bool SOFTCAP>
+static __device__ __forceinline__ void fa3_bwd_dscores(float (&dp)[BM / 2], const float (&p)[BM / 2],
+                                                       const float (&dfac)[SOFTCAP ? BM / 2 : 1]) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = 4 * c + e;
-            float ds = p[i] * (dp[i] - ((e & 1) ? dd.y : dd.x));
-            if constexpr (SOFTCAP) ds *= dfac[i];
-            dp[i] = ds;
-        }
+    for (int i = 0; i < BM / 2; ++i) {
+        float ds = p[i] * dp[i];
+        if constexpr (SOFTCAP) ds *= dfac[i];
+        dp[i] = ds;
     }
 }
 
@@ -611,14 +624,14 @@ fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtenso
                     hp_fence_proxy_async();
                 }
             }
-            float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
+            float *lse2 = rows + slot * 2 * BM, *neg_dsum = lse2 + BM;
 #pragma unroll
             for (int r = lane; r < BM; r += 32) {
                 const int m = st.mb * BM + r;
                 const bool in = m < sq.len_q;
                 const int64_t li = in ? bwd_lse_index(a, w.cta.b, sq.tok_q, m, st.hq) : 0;
                 lse2[r] = in ? a.lse2[li] : INFINITY;
-                dsum[r] = in ? a.dsum[li] : 0.f;
+                neg_dsum[r] = in ? -a.dsum[li] : 0.f;
             }
             hp_mbar_arrive(bars + C::kBarFull + 8 * slot);
         }
@@ -690,11 +703,12 @@ __global__ void __launch_bounds__(384, 1)
         const int m0 = st.mb * BM;
         hp_mbar_wait(bars + C::kBarFull + 8 * slot, fa3_pipe<STAGES>::phase(t));
         const uint32_t q_tile = s_q + slot * C::kQBytes, do_tile = s_do + slot * C::kQBytes;
-        const float *lse2 = rows + slot * 2 * BM, *dsum = lse2 + BM;
-        fa3_bwd_rowvals<BM, !SOFTCAP> rowvals; /* LSE2, then D, each fetched before the product it follows */
+        const float *lse2 = rows + slot * 2 * BM, *neg_dsum = lse2 + BM;
+        fa3_bwd_rowvals<BM, !SOFTCAP> rowvals; /* LSE2, fetched before S^T's product */
         rowvals.fetch(lse2, f);
 
         float s[BM / 2], dp[BM / 2];
+        fa3_bwd_neg_dsum<BM>(dp, neg_dsum, f);
         fa3_bwd_issue_sdp<D, BM, T>(s, dp, s_k_rows, s_v_rows, q_tile, do_tile);
 
         float dfac[SOFTCAP ? BM / 2 : 1];
@@ -706,23 +720,22 @@ __global__ void __launch_bounds__(384, 1)
             fa3_bwd_probs<BM, false, SOFTCAP>(s, dfac, rowvals, f, a, dist0, keys_left - f.row0);
         else
             fa3_bwd_probs<BM, true, SOFTCAP>(s, dfac, rowvals, f, a, dist0, keys_left - f.row0);
-        rowvals.fetch(dsum, f);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < BM / 2; ++i) hp_fence_reg(dp[i]);
-        fa3_bwd_dscores<BM, SOFTCAP>(dp, s, dfac, rowvals);
+        fa3_bwd_dscores<BM, SOFTCAP>(dp, s, dfac);
 
+        /* dS^T(t) into buffer t % 2 once both warpgroups' dQ products of step t - 2 have read it, before dV's
+         * product is issued: issued earlier, dV's accumulators, P^T in both precisions and dP^T would be live at
+         * once (ptxas issues it as soon as its operand exists). Published after dQ(t - 1) and dK(t) are issued,
+         * so that the fence's wait for the stores runs beside them. */
         uint32_t p16[BM / 4], ds16[BM / 4];
         fa3_convert_p<BM, T>(s, p16);
         fa3_convert_p<BM, T>(dp, ds16);
-        fa3_bwd_issue_rs<D, BM, T>(dv, p16, do_tile);
-
-        /* dS^T(t) into buffer t % 2 once both warpgroups' dQ products of step t - 2 have read it (before dK's
-         * product takes ds16 as its operand); published after dQ(t - 1) and dK(t) are issued, so that the fence's
-         * wait for the stores runs beside them */
         const int buf = fa3_pipe<2>::stage(t);
         hp_mbar_wait(bars + C::kBarDSFree + 8 * buf, fa3_pipe<2>::empty_phase(t));
         fa3_bwd_store_ds<BM, BN>(ds16, s_ds + buf * C::kDSBytes, row_base, warp_in_wg, lane);
+        fa3_bwd_issue_rs<D, BM, T>(dv, p16, do_tile);
 
         /* dQ of the previous step (whose dS^T both warpgroups have written by now, or soon) between dV and dK, so
          * that its reductions run while dK's product is on the tensor cores. dK's issue stays in both branches: with
@@ -941,12 +954,12 @@ __global__ void __launch_bounds__(384, 1)
         const int slot = fa3_pipe<STAGES>::stage(t), m0 = st.mb * BM;
         hp_mbar_wait(bars + C::kBarFull + 8 * slot, fa3_pipe<STAGES>::phase(t));
         const uint32_t q_tile = s_q + slot * C::kQBytes, do_tile = s_do + slot * C::kQBytes;
-        const float *lse2_row = rows + slot * 2 * BM, *dsum_row = lse2_row + BM;
+        const float *lse2_row = rows + slot * 2 * BM, *neg_dsum_row = lse2_row + BM;
 
         float s[16], dp[16];
         fa3_bwd_wide_issue_sdp<D, T>(s, dp, q_tile, do_tile, s_k + 32 * c * 128, s_v + 32 * c * 128);
         const float lse2[2] = { lse2_row[f.row0], lse2_row[f.row0 + 8] };
-        const float dsum[2] = { dsum_row[f.row0], dsum_row[f.row0 + 8] };
+        const float neg_dsum[2] = { neg_dsum_row[f.row0], neg_dsum_row[f.row0 + 8] };
         hp_wgmma_wait<1>();
 #pragma unroll
         for (int i = 0; i < 16; ++i) hp_fence_reg(s[i]);
@@ -959,7 +972,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             hp_fence_reg(dp[i]);
-            dp[i] = s[i] * (dp[i] - dsum[(i >> 1) & 1]);
+            dp[i] = s[i] * (dp[i] + neg_dsum[(i >> 1) & 1]);
         }
         uint32_t p16[8], ds16[8];
 #pragma unroll
@@ -976,22 +989,24 @@ __global__ void __launch_bounds__(384, 1)
         hp_mbar_arrive(bars + C::kBarDSReady + 8 * buf);
         hp_mbar_wait(bars + C::kBarDSReady + 8 * buf, fa3_pipe<2>::phase(t));
 
+        /* dQ first, so that its reductions run while dV^T and dK^T are on the tensor cores */
         float dq[2][32];
-        fa3_bwd_wide_issue_dkdv<T>(dv, dk, q_tile, do_tile, s_p, s_ds, c);
         fa3_bwd_wide_issue_dq<T>(dq, s_ds, s_k, c);
-        hp_wgmma_wait<0>();
+        fa3_bwd_wide_issue_dkdv<T>(dv, dk, q_tile, do_tile, s_p, s_ds, c);
+        hp_wgmma_wait<1>();
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int i = 0; i < 32; ++i) hp_fence_reg(dq[h][i]);
-        hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
-        hp_mbar_arrive(bars + C::kBarDSFree + 8 * buf);
         if constexpr (DET) hp_bar_sync(FA3_BWD_BAR_GO + c, 160);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
             fa3_bwd_add_dq<D>(dq[h], a.dq_accum, fa3_bwd_dq_row0(sq.tok_q, w.cta.b) + m0, sq.len_q - m0, st.hq,
                               a.heads_q, 128 * c + 64 * h, f);
         if constexpr (DET) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
+        hp_wgmma_wait<0>();
+        hp_mbar_arrive(bars + C::kBarEmpty + 8 * slot);
+        hp_mbar_arrive(bars + C::kBarDSFree + 8 * buf);
     }
     const bool packed = a.cu_seqlens_q != nullptr;
     fa3_bwd_wide_store_dkdv<T>(dk, dv, a, packed ? 0 : w.cta.b, w.cta.hk, (packed ? sq.tok_k : 0) + w.n0,
