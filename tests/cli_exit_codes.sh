@@ -66,8 +66,10 @@ if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "
         info --plan --head-dim 64 --seqlen 200 --causal
     expect 0 "info --plan: head dim 256: the FA3 backward's 64-key blocks" "bwd: +fa3 backward: a CTA per 64-key block \(256 x 8 x 1" -- \
         info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
-    expect 0 "info --plan: head dim 256 with softcap: the FA2 backward" "bwd: +fa2 backward: [0-9]+-key blocks" -- \
+    expect 0 "info --plan: head dim 256 with softcap: the FA3 backward" "bwd: +fa3 backward: a CTA per 64-key block" -- \
         info --plan --head-dim 256 --softcap 30
+    expect 0 "info --plan: ALiBi: the FA2 backward" "bwd: +fa2 backward: [0-9]+-key blocks" -- \
+        info --plan --head-dim 128 --alibi
     expect 0 "info --plan: head dim 256 forward tiles" "fwd: +fa3 forward: 128 x 80 tiles.*tiles head-major" -- \
         info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
     expect 0 "info --plan --kernel fa2" "fwd: +fa2 forward: 128 x [0-9]+ tiles" -- info --plan --kernel fa2

@@ -291,6 +291,11 @@ static void gpu_cases(void) {
     add("softcap", c, F);
     c.head_dim = 256; /* which head dim 256 runs in a kernel of its own */
     add("softcap", with_causal(c), F);
+    c.dtype = FA_BF16; /* (head dim 256's backward kernel: a window, a varlen batch, seqlen_q != seqlen_k) */
+    add("softcap", with_window(c, 50, 20), F);
+    c = with_varlen(shape(FA_BF16, 5, 4, 1, 130, 210, 256), 2);
+    c.softcap = 5.0f;
+    add("softcap", c, F | DET);
     c = shape(FA_BF16, 2, 4, 2, 150, 220, 64);
     c.alibi = VF_ALIBI_HEADS;
     add("alibi", c, F);

@@ -38,8 +38,6 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: head_dim %d (compiled:" FA3_BWD_HDIMS_STR ")", p->head_dim);
     }
     if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: ALiBi runs the FA2 backward");
-    if (p->head_dim == 256 && p->softcap > 0.0f)
-        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: softcap at head dim 256 runs the FA2 backward");
     if (p->seqlen_q < 1 || p->seqlen_k < 1) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: empty Q or K");
     const int block_n = fa3_bwd_block_n(p->head_dim);
     if ((int64_t)((p->seqlen_k + block_n - 1) / block_n) * p->heads_kv * p->batch > INT32_MAX) /* a 1-D grid */

@@ -805,17 +805,28 @@ static __device__ __forceinline__ void fa3_bwd_wide_issue_sdp(float (&s)[16], fl
     for (int i = 0; i < 16; ++i) hp_fence_reg(s[i]), hp_fence_reg(dp[i]);
 }
 
-/* P = exp2(S scale log2(e) - LSE2) in place; element i is (query row0 + 8 ((i >> 1) & 1), key 8 (i >> 2) + col0 +
- * (i & 1)). MASKED: pairs outside the window or keys past the sequence get P = 0 (rows past the sequence have
- * LSE2 = +inf). dist0 = (key0 + col0) - (query row0 + off), key0 the warpgroup's first key. */
-template <bool MASKED>
-static __device__ __forceinline__ void fa3_bwd_wide_probs(float (&s)[16], const float (&lse2)[2], const fa3_bwd_frag &f,
+/* P = exp2(S scale log2(e) - LSE2) in place (softcap: S -> softcap tanh(S scale / softcap), and dfac = 1 - tanh^2
+ * kept for dS); element i is (query row0 + 8 ((i >> 1) & 1), key 8 (i >> 2) + col0 + (i & 1)). MASKED: pairs
+ * outside the window or keys past the sequence get P = 0 (rows past the sequence have LSE2 = +inf).
+ * dist0 = (key0 + col0) - (query row0 + off), key0 the warpgroup's first key. */
+template <bool MASKED, bool SOFTCAP>
+static __device__ __forceinline__ void fa3_bwd_wide_probs(float (&s)[16], float (&dfac)[SOFTCAP ? 16 : 1],
+                                                          const float (&lse2)[2], const fa3_bwd_frag &f,
                                                           const fa2_bwd_args &a, int dist0, int keys_left) {
     const int dlo = a.window_left >= 0 ? -a.window_left : INT_MIN, dhi = a.window_right >= 0 ? a.window_right : INT_MAX;
+    const float cap_log2 = a.softcap * FA_LOG2E;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         const int h = (i >> 1) & 1, col = 8 * (i >> 2) + (i & 1);
-        float p = hp_exp2(s[i] * a.scale_log2 - lse2[h]);
+        float x;
+        if constexpr (SOFTCAP) {
+            const float th = hp_tanh(s[i] * a.softcap_arg);
+            x = th * cap_log2;
+            dfac[i] = 1.f - th * th;
+        } else {
+            x = s[i] * a.scale_log2;
+        }
+        float p = hp_exp2(x - lse2[h]);
         if constexpr (MASKED) {
             const int dist = dist0 + col - 8 * h;
             if (!(f.col0 + col < keys_left && dist >= dlo && dist <= dhi)) p = 0.f;
@@ -905,8 +916,8 @@ static __device__ __forceinline__ void fa3_bwd_wide_store_dkdv(const float (&dk)
 
 /* The backward kernel for head dim 256 (fa3_bwd_wide_cfg): the same producer; each step both consumer
  * warpgroups compute their halves of S and dP, exchange P and dS (double-buffered tiles, an mbarrier pair per
- * buffer), then their halves of dV^T, dK^T and dQ. No softcap (it runs the FA2 backward). */
-template <int D, typename T, bool DET, bool VARLEN>
+ * buffer), then their halves of dQ, dV^T and dK^T. */
+template <int D, typename T, bool SOFTCAP, bool DET, bool VARLEN>
 __global__ void __launch_bounds__(384, 1)
     fa3_bwd_wide_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -960,19 +971,22 @@ __global__ void __launch_bounds__(384, 1)
         fa3_bwd_wide_issue_sdp<D, T>(s, dp, q_tile, do_tile, s_k + 32 * c * 128, s_v + 32 * c * 128);
         const float lse2[2] = { lse2_row[f.row0], lse2_row[f.row0 + 8] };
         const float neg_dsum[2] = { neg_dsum_row[f.row0], neg_dsum_row[f.row0 + 8] };
+        float dfac[SOFTCAP ? 16 : 1];
         hp_wgmma_wait<1>();
 #pragma unroll
         for (int i = 0; i < 16; ++i) hp_fence_reg(s[i]);
         const int dist0 = (w.n0 + 32 * c + f.col0) - (m0 + f.row0 + off);
         if (st.mb >= w.blk.mask_lo && st.mb < w.blk.mask_hi)
-            fa3_bwd_wide_probs<false>(s, lse2, f, a, dist0, keys_left);
+            fa3_bwd_wide_probs<false, SOFTCAP>(s, dfac, lse2, f, a, dist0, keys_left);
         else
-            fa3_bwd_wide_probs<true>(s, lse2, f, a, dist0, keys_left);
+            fa3_bwd_wide_probs<true, SOFTCAP>(s, dfac, lse2, f, a, dist0, keys_left);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             hp_fence_reg(dp[i]);
-            dp[i] = s[i] * (dp[i] + neg_dsum[(i >> 1) & 1]);
+            float ds = s[i] * (dp[i] + neg_dsum[(i >> 1) & 1]);
+            if constexpr (SOFTCAP) ds *= dfac[i];
+            dp[i] = ds;
         }
         uint32_t p16[8], ds16[8];
 #pragma unroll
@@ -1058,14 +1072,16 @@ static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, 
     return fa3_bwd_launch_kernel<D, T>(kernel, fa3_bwd_cfg<D, BM>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
 }
 
-template <int D, bool BF16>
+template <int D, bool BF16, bool SOFTCAP>
 static fa_status fa3_bwd_wide_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                      const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
     typedef typename fa3_elem<BF16>::type T;
     const bool det = a->b.deterministic, varlen = a->b.cu_seqlens_q != nullptr;
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_bwd_args) =
-        det ? (varlen ? fa3_bwd_wide_kernel<D, T, true, true> : fa3_bwd_wide_kernel<D, T, true, false>)
-            : (varlen ? fa3_bwd_wide_kernel<D, T, false, true> : fa3_bwd_wide_kernel<D, T, false, false>);
+        det ? (varlen ? fa3_bwd_wide_kernel<D, T, SOFTCAP, true, true>
+                      : fa3_bwd_wide_kernel<D, T, SOFTCAP, true, false>)
+            : (varlen ? fa3_bwd_wide_kernel<D, T, SOFTCAP, false, true>
+                      : fa3_bwd_wide_kernel<D, T, SOFTCAP, false, false>);
     return fa3_bwd_launch_kernel<D, T>(kernel, fa3_bwd_wide_cfg<D>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
 }
 
