@@ -68,8 +68,10 @@ if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "
         info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
     expect 0 "info --plan: head dim 256 with softcap: the FA3 backward" "bwd: +fa3 backward: a CTA per 64-key block" -- \
         info --plan --head-dim 256 --softcap 30
-    expect 0 "info --plan: ALiBi: the FA2 backward" "bwd: +fa2 backward: [0-9]+-key blocks" -- \
+    expect 0 "info --plan: ALiBi: the FA3 backward" "bwd: +fa3 backward: a CTA per 128-key block" -- \
         info --plan --head-dim 128 --alibi
+    expect 0 "info --plan: softcap with ALiBi: the FA2 backward" "bwd: +fa2 backward: [0-9]+-key blocks" -- \
+        info --plan --head-dim 128 --alibi --softcap 30
     expect 0 "info --plan: head dim 256 forward tiles" "fwd: +fa3 forward: 128 x 80 tiles.*tiles head-major" -- \
         info --plan --head-dim 256 --seqlen 16384 --batch 1 --heads 8 --no-causal
     expect 0 "info --plan --kernel fa2" "fwd: +fa2 forward: 128 x [0-9]+ tiles" -- info --plan --kernel fa2
@@ -77,8 +79,8 @@ if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "
         "bwd: +fa3 backward.*fixed order \(deterministic\)" -- info --plan --deterministic
     expect 0 "info --plan --deterministic, head dim 256: the FA3 backward's fixed order" \
         "bwd: +fa3 backward.*fixed order \(deterministic\)" -- info --plan --deterministic --head-dim 256
-    expect 0 "info --plan --deterministic with ALiBi: the FA2 backward's slices" "bwd: +fa2 backward.*deterministic" -- \
-        info --plan --deterministic --alibi
+    expect 0 "info --plan --deterministic with softcap and ALiBi: the FA2 backward's slices" \
+        "bwd: +fa2 backward.*deterministic" -- info --plan --deterministic --alibi --softcap 30
     expect 2 "info --plan refuses f32" "f16 or bf16" -- info --plan --dtype f32
     expect 0 "info --plan --decode: one sequence of 32k splits the keys" \
         "decode: append, then 32 splits of the cache's 32768 rows.*256 attention CTAs" -- \

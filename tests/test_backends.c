@@ -304,6 +304,15 @@ static void gpu_cases(void) {
     add("alibi", with_causal(c), F);
     c.dtype = FA_F16;
     add("alibi", with_window(c, 30, 30), F);
+    c = shape(FA_BF16, 2, 4, 2, 200, 333, 128); /* (the FA3 backward's head dims 128 and 256 too) */
+    c.alibi = VF_ALIBI_BATCH_HEADS;
+    add("alibi", with_causal(c), F);
+    c = with_varlen(shape(FA_F16, 5, 8, 2, 150, 150, 128), 3);
+    c.alibi = VF_ALIBI_HEADS;
+    add("alibi", c, F | DET);
+    c = shape(FA_BF16, 2, 4, 1, 180, 130, 256);
+    c.alibi = VF_ALIBI_HEADS;
+    add("alibi", with_window(c, 40, 10), F);
     add("varlen", with_varlen(shape(FA_BF16, 9, 4, 2, 200, 300, 128), 7), F);
     add("varlen", with_varlen(with_causal(shape(FA_BF16, 9, 4, 2, 300, 200, 64)), 0), F);
     add("varlen", with_varlen(with_causal(shape(FA_F16, 9, 8, 1, 150, 150, 96)), 3), F);

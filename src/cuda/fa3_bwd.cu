@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fa3_bwd.cu - FlashAttention-3 backward for Hopper (sm_90a), host side: which problems it takes (dense and
- * varlen batches, deterministic mode; ALiBi runs the FA2 backward), the workspace (the FA2 backward's: fp32 dQ
+ * varlen batches, deterministic mode, softcap or ALiBi), the workspace (the FA2 backward's: fp32 dQ
  * accumulator, LSE * log2(e), D), the tensor maps and the dispatch to the per-head-dim launchers (the kernel is in
  * fa3_bwd.cuh).
  *
@@ -37,7 +37,8 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
     default:
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: head_dim %d (compiled:" FA3_BWD_HDIMS_STR ")", p->head_dim);
     }
-    if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: ALiBi runs the FA2 backward");
+    if (p->alibi_slopes != NULL && p->softcap > 0.0f) /* (an instance set of its own for a rare pair) */
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: softcap with ALiBi runs the FA2 backward");
     if (p->seqlen_q < 1 || p->seqlen_k < 1) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: empty Q or K");
     const int block_n = fa3_bwd_block_n(p->head_dim);
     if ((int64_t)((p->seqlen_k + block_n - 1) / block_n) * p->heads_kv * p->batch > INT32_MAX) /* a 1-D grid */

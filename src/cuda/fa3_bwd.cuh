@@ -249,13 +249,19 @@ struct fa3_bwd_rowvals {
     }
 };
 
+/* ALiBi's slope of batch entry b, query head hq, times log2(e). */
+static __device__ __forceinline__ float fa3_bwd_alibi_slope_log2(const fa2_bwd_args &a, int b, int hq) {
+    return a.alibi_slopes[b * a.alibi_batch_stride + hq] * FA_LOG2E;
+}
+
 /* P^T = exp2(S^T scale log2(e) - LSE2) in place (softcap: S^T -> softcap tanh(S^T scale / softcap), and
- * dfac = 1 - tanh^2 kept for dS). MASKED: pairs outside the window or keys past the sequence get P = 0.
+ * dfac = 1 - tanh^2 kept for dS). MASKED: pairs outside the window or keys past the sequence get P = 0. ALIBI:
+ * the scores get -slope |key - query - off| (slope_log2 = slope log2(e)).
  * dist0 = key row0 - (query col0 + off). */
-template <int BM, bool MASKED, bool SOFTCAP, class Rows>
+template <int BM, bool MASKED, bool SOFTCAP, bool ALIBI, class Rows>
 static __device__ __forceinline__ void fa3_bwd_probs(float (&s)[BM / 2], float (&dfac)[SOFTCAP ? BM / 2 : 1],
                                                      const Rows &lse2, const fa3_bwd_frag &f, const fa2_bwd_args &a,
-                                                     int dist0, int rows_left) {
+                                                     int dist0, int rows_left, float slope_log2) {
     const int dlo = a.window_left >= 0 ? -a.window_left : INT_MIN, dhi = a.window_right >= 0 ? a.window_right : INT_MAX;
     const float cap_log2 = a.softcap * FA_LOG2E;
 #pragma unroll
@@ -272,11 +278,11 @@ static __device__ __forceinline__ void fa3_bwd_probs(float (&s)[BM / 2], float (
             } else {
                 x *= a.scale_log2;
             }
+            const int dr = 8 * (e >> 1), dist = dist0 + dr - 8 * c - (e & 1);
+            if constexpr (ALIBI) x -= slope_log2 * (float)abs(dist);
             float p = hp_exp2(x - ((e & 1) ? l2.y : l2.x));
-            if constexpr (MASKED) {
-                const int dr = 8 * (e >> 1), dist = dist0 + dr - 8 * c - (e & 1);
+            if constexpr (MASKED)
                 if (!(dr < rows_left && dist >= dlo && dist <= dhi)) p = 0.f;
-            }
             s[i] = p;
         }
     }
@@ -641,7 +647,7 @@ fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtenso
 }
 #endif /* FA_SM90A */
 
-template <int D, int BM, typename T, bool SOFTCAP, bool DET, bool VARLEN>
+template <int D, int BM, typename T, bool SOFTCAP, bool ALIBI, bool DET, bool VARLEN>
 __global__ void __launch_bounds__(384, 1)
     fa3_bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -706,6 +712,7 @@ __global__ void __launch_bounds__(384, 1)
         const float *lse2 = rows + slot * 2 * BM, *neg_dsum = lse2 + BM;
         fa3_bwd_rowvals<BM, !SOFTCAP> rowvals; /* LSE2, fetched before S^T's product */
         rowvals.fetch(lse2, f);
+        const float slope_log2 = ALIBI ? fa3_bwd_alibi_slope_log2(a, b, st.hq) : 0.f;
 
         float s[BM / 2], dp[BM / 2];
         fa3_bwd_neg_dsum<BM>(dp, neg_dsum, f);
@@ -717,9 +724,9 @@ __global__ void __launch_bounds__(384, 1)
         for (int i = 0; i < BM / 2; ++i) hp_fence_reg(s[i]);
         const int dist0 = (n0 + row_base + f.row0) - (m0 + f.col0 + off);
         if (st.mb >= blk.mask_lo && st.mb < blk.mask_hi)
-            fa3_bwd_probs<BM, false, SOFTCAP>(s, dfac, rowvals, f, a, dist0, keys_left - f.row0);
+            fa3_bwd_probs<BM, false, SOFTCAP, ALIBI>(s, dfac, rowvals, f, a, dist0, keys_left - f.row0, slope_log2);
         else
-            fa3_bwd_probs<BM, true, SOFTCAP>(s, dfac, rowvals, f, a, dist0, keys_left - f.row0);
+            fa3_bwd_probs<BM, true, SOFTCAP, ALIBI>(s, dfac, rowvals, f, a, dist0, keys_left - f.row0, slope_log2);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < BM / 2; ++i) hp_fence_reg(dp[i]);
@@ -809,10 +816,10 @@ static __device__ __forceinline__ void fa3_bwd_wide_issue_sdp(float (&s)[16], fl
  * kept for dS); element i is (query row0 + 8 ((i >> 1) & 1), key 8 (i >> 2) + col0 + (i & 1)). MASKED: pairs
  * outside the window or keys past the sequence get P = 0 (rows past the sequence have LSE2 = +inf).
  * dist0 = (key0 + col0) - (query row0 + off), key0 the warpgroup's first key. */
-template <bool MASKED, bool SOFTCAP>
-static __device__ __forceinline__ void fa3_bwd_wide_probs(float (&s)[16], float (&dfac)[SOFTCAP ? 16 : 1],
-                                                          const float (&lse2)[2], const fa3_bwd_frag &f,
-                                                          const fa2_bwd_args &a, int dist0, int keys_left) {
+template <bool MASKED, bool SOFTCAP, bool ALIBI>
+static __device__ __forceinline__ void
+fa3_bwd_wide_probs(float (&s)[16], float (&dfac)[SOFTCAP ? 16 : 1], const float (&lse2)[2], const fa3_bwd_frag &f,
+                   const fa2_bwd_args &a, int dist0, int keys_left, float slope_log2) {
     const int dlo = a.window_left >= 0 ? -a.window_left : INT_MIN, dhi = a.window_right >= 0 ? a.window_right : INT_MAX;
     const float cap_log2 = a.softcap * FA_LOG2E;
 #pragma unroll
@@ -826,11 +833,11 @@ static __device__ __forceinline__ void fa3_bwd_wide_probs(float (&s)[16], float 
         } else {
             x = s[i] * a.scale_log2;
         }
+        const int dist = dist0 + col - 8 * h;
+        if constexpr (ALIBI) x -= slope_log2 * (float)abs(dist);
         float p = hp_exp2(x - lse2[h]);
-        if constexpr (MASKED) {
-            const int dist = dist0 + col - 8 * h;
+        if constexpr (MASKED)
             if (!(f.col0 + col < keys_left && dist >= dlo && dist <= dhi)) p = 0.f;
-        }
         s[i] = p;
     }
 }
@@ -917,7 +924,7 @@ static __device__ __forceinline__ void fa3_bwd_wide_store_dkdv(const float (&dk)
 /* The backward kernel for head dim 256 (fa3_bwd_wide_cfg): the same producer; each step both consumer
  * warpgroups compute their halves of S and dP, exchange P and dS (double-buffered tiles, an mbarrier pair per
  * buffer), then their halves of dQ, dV^T and dK^T. */
-template <int D, typename T, bool SOFTCAP, bool DET, bool VARLEN>
+template <int D, typename T, bool SOFTCAP, bool ALIBI, bool DET, bool VARLEN>
 __global__ void __launch_bounds__(384, 1)
     fa3_bwd_wide_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -971,15 +978,16 @@ __global__ void __launch_bounds__(384, 1)
         fa3_bwd_wide_issue_sdp<D, T>(s, dp, q_tile, do_tile, s_k + 32 * c * 128, s_v + 32 * c * 128);
         const float lse2[2] = { lse2_row[f.row0], lse2_row[f.row0 + 8] };
         const float neg_dsum[2] = { neg_dsum_row[f.row0], neg_dsum_row[f.row0 + 8] };
+        const float slope_log2 = ALIBI ? fa3_bwd_alibi_slope_log2(a, w.cta.b, st.hq) : 0.f;
         float dfac[SOFTCAP ? 16 : 1];
         hp_wgmma_wait<1>();
 #pragma unroll
         for (int i = 0; i < 16; ++i) hp_fence_reg(s[i]);
         const int dist0 = (w.n0 + 32 * c + f.col0) - (m0 + f.row0 + off);
         if (st.mb >= w.blk.mask_lo && st.mb < w.blk.mask_hi)
-            fa3_bwd_wide_probs<false, SOFTCAP>(s, dfac, lse2, f, a, dist0, keys_left);
+            fa3_bwd_wide_probs<false, SOFTCAP, ALIBI>(s, dfac, lse2, f, a, dist0, keys_left, slope_log2);
         else
-            fa3_bwd_wide_probs<true, SOFTCAP>(s, dfac, lse2, f, a, dist0, keys_left);
+            fa3_bwd_wide_probs<true, SOFTCAP, ALIBI>(s, dfac, lse2, f, a, dist0, keys_left, slope_log2);
         hp_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
@@ -1059,30 +1067,53 @@ static fa_status fa3_bwd_launch_kernel(void (*kernel)(const CUtensorMap, const C
 }
 
 /* Deterministic mode is its own instance: its turn keeping, kept live in the default kernel's consumers, cost
- * causal problems 8-13% (H200, d128 8k / 16k, Llama GQA 8k). */
-template <int D, int BM, bool BF16, bool SOFTCAP>
+ * causal problems 8-13% (H200, d128 8k / 16k, Llama GQA 8k); so are softcap and ALiBi (ALiBi as a branch in the
+ * default kernel made ptxas spill 44 B at head dim 64). */
+template <int D, int BM, bool BF16, bool SOFTCAP, bool ALIBI>
 static fa_status fa3_bwd_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                 const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
     typedef typename fa3_elem<BF16>::type T;
     const bool det = a->b.deterministic, varlen = a->b.cu_seqlens_q != nullptr;
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_bwd_args) =
-        det ? (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, true, true> : fa3_bwd_kernel<D, BM, T, SOFTCAP, true, false>)
-            : (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, false, true>
-                      : fa3_bwd_kernel<D, BM, T, SOFTCAP, false, false>);
+        det ? (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, ALIBI, true, true>
+                      : fa3_bwd_kernel<D, BM, T, SOFTCAP, ALIBI, true, false>)
+            : (varlen ? fa3_bwd_kernel<D, BM, T, SOFTCAP, ALIBI, false, true>
+                      : fa3_bwd_kernel<D, BM, T, SOFTCAP, ALIBI, false, false>);
     return fa3_bwd_launch_kernel<D, T>(kernel, fa3_bwd_cfg<D, BM>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
 }
 
-template <int D, bool BF16, bool SOFTCAP>
+template <int D, bool BF16, bool SOFTCAP, bool ALIBI>
 static fa_status fa3_bwd_wide_launch(const fa3_bwd_args *a, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                      const CUtensorMap *tm_v, const CUtensorMap *tm_do, cudaStream_t stream) {
     typedef typename fa3_elem<BF16>::type T;
     const bool det = a->b.deterministic, varlen = a->b.cu_seqlens_q != nullptr;
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_bwd_args) =
-        det ? (varlen ? fa3_bwd_wide_kernel<D, T, SOFTCAP, true, true>
-                      : fa3_bwd_wide_kernel<D, T, SOFTCAP, true, false>)
-            : (varlen ? fa3_bwd_wide_kernel<D, T, SOFTCAP, false, true>
-                      : fa3_bwd_wide_kernel<D, T, SOFTCAP, false, false>);
+        det ? (varlen ? fa3_bwd_wide_kernel<D, T, SOFTCAP, ALIBI, true, true>
+                      : fa3_bwd_wide_kernel<D, T, SOFTCAP, ALIBI, true, false>)
+            : (varlen ? fa3_bwd_wide_kernel<D, T, SOFTCAP, ALIBI, false, true>
+                      : fa3_bwd_wide_kernel<D, T, SOFTCAP, ALIBI, false, false>);
     return fa3_bwd_launch_kernel<D, T>(kernel, fa3_bwd_wide_cfg<D>::kSmemBytes, a, tm_q, tm_k, tm_v, tm_do, stream);
+}
+
+/* One head dim's instances by dtype and score modifier (softcap or ALiBi; both together run the FA2 backward:
+ * fa3_bwd.cu). WIDE: fa3_bwd_wide_kernel, else fa3_bwd_kernel with BM-row query blocks. */
+template <int D, int BM, bool WIDE, bool BF16>
+static fa_status fa3_bwd_dispatch_mod(const fa3_bwd_args *a, const CUtensorMap *m, cudaStream_t stream) {
+    const bool softcap = a->b.softcap > 0.0f, alibi = a->b.alibi_slopes != nullptr;
+    if constexpr (WIDE) {
+        if (softcap) return fa3_bwd_wide_launch<D, BF16, true, false>(a, &m[0], &m[1], &m[2], &m[3], stream);
+        if (alibi) return fa3_bwd_wide_launch<D, BF16, false, true>(a, &m[0], &m[1], &m[2], &m[3], stream);
+        return fa3_bwd_wide_launch<D, BF16, false, false>(a, &m[0], &m[1], &m[2], &m[3], stream);
+    } else {
+        if (softcap) return fa3_bwd_launch<D, BM, BF16, true, false>(a, &m[0], &m[1], &m[2], &m[3], stream);
+        if (alibi) return fa3_bwd_launch<D, BM, BF16, false, true>(a, &m[0], &m[1], &m[2], &m[3], stream);
+        return fa3_bwd_launch<D, BM, BF16, false, false>(a, &m[0], &m[1], &m[2], &m[3], stream);
+    }
+}
+template <int D, int BM, bool WIDE>
+static fa_status fa3_bwd_dispatch(const fa3_bwd_args *a, const CUtensorMap *maps, int bf16, cudaStream_t stream) {
+    return bf16 ? fa3_bwd_dispatch_mod<D, BM, WIDE, true>(a, maps, stream)
+                : fa3_bwd_dispatch_mod<D, BM, WIDE, false>(a, maps, stream);
 }
 
 /* Per head dim launchers (fa3_bwd_hdim*.cu). */
