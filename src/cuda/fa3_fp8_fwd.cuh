@@ -225,7 +225,7 @@ struct fa3_fp8_scale {
     float k_mul;       /* what multiplies the block's k descale (S, or the factor inside tanh) */
 };
 
-template <bool GENERAL>
+template <int GENERAL>
 static __device__ __forceinline__ fa3_fp8_scale fa3_fp8_scale_make(const fa3_args &a, const fa3_tile &g, int c) {
     const int hk = g.h / a.group, heads_kv = a.heads_q / a.group;
     const bool blocks = GENERAL && a.descale_block_k > 0;
@@ -257,7 +257,7 @@ static __device__ __forceinline__ fa3_fp8_scale fa3_fp8_scale_make(const fa3_arg
 
 /* Softcap, mask and online softmax of key block n (fa3_scores with the tile's scale; per-block descales applied:
  * v_units, the v descale O is in, moves to the block's, its ratio joining the factor O is rescaled by). */
-template <bool GENERAL>
+template <int GENERAL>
 static __device__ __forceinline__ bool
 fa3_fp8_scores(float (&s)[FA3_FP8_BN / 2], float (&m)[2], float (&l)[2], float (&factor)[2], float &v_units,
                const fa3_args &a, const fa3_fp8_scale &sc, const fa3_mask_info &mi, int n, int row0, int quad) {
@@ -304,7 +304,7 @@ struct fa3_fp8_ring {
 
 /* A tile's key blocks, overlapped: block 0's Q K^T and softmax; then per block i its Q K^T and P(i - 1) V(i - 1)
  * in one turn, the softmax of S(i) while the P V runs; the last P V in a turn of its own (nb + 1 turns). */
-template <int D, bool QRS, bool GENERAL>
+template <int D, bool QRS, int GENERAL>
 static __device__ __forceinline__ void
 fa3_fp8_tile(int nb, int kv, const fa3_fp8_ring &r, const fa3_fp8_qop<D, QRS> &q, float (&s)[FA3_FP8_BN / 2],
              float (&o)[D / 2], uint32_t (&p)[FA3_FP8_BN / 8], float (&m)[2], float (&l)[2], float &v_units,
@@ -368,7 +368,7 @@ extern __shared__ __align__(1024) uint8_t fa3_fp8_smem[];
 
 /* TO: the type of O (__nv_bfloat16 or __half). GENERAL: softcap, left window edges and varlen batches. QRS:
  * Q K^T with Q from registers (fa3_fp8_qrs). */
-template <int D, typename TO, bool GENERAL, bool QRS>
+template <int D, typename TO, int GENERAL, bool QRS>
 __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
     fa3_fp8_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ fa3_args a) {
@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(128 * (FA3_FP8_NWG + 1), 1)
 }
 
 /* Launches the e4m3 kernel of head dim D on the persistent grid; out_bf16: O in bf16, else f16. */
-template <int D, bool OUT_BF16, bool GENERAL>
+template <int D, bool OUT_BF16, int GENERAL>
 static fa_status fa3_fp8_launch(const fa3_problem *pr, cudaStream_t stream) {
     typedef fa3_fp8_cfg<D> C;
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =

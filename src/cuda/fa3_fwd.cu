@@ -123,7 +123,8 @@ extern "C" fa_status fa3_fwd_supported(const fa_params *p, const fa_cuda_device 
         break;
     default: return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: head_dim %d (compiled:" FA3_HDIMS_STR ")", p->head_dim);
     }
-    if (p->alibi_slopes != NULL) return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: ALiBi is not supported");
+    if (p->alibi_slopes != NULL && p->dtype == FA_E4M3)
+        return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: ALiBi with e4m3 inputs is not supported");
     if (!(p->softcap > 0.0f) && !(p->softmax_scale > 0.0f))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 forward: softmax_scale must be positive without softcap");
     const int64_t tiles = (int64_t)((p->seqlen_q + fa3_block_m(p) - 1) / fa3_block_m(p)) * p->heads_q * p->batch;
@@ -267,7 +268,7 @@ struct fa3_plan {
     int align_end;  /* 192-row tiles end at the last query, so that a partial tile is the first, shortest one */
     int section;    /* longest-first sections of this many (batch, head) pairs; 0: head-major */
     int first_last; /* every head's first tile (one warpgroup's rows, one key block) is claimed last */
-    int general;    /* softcap, a left window edge or a varlen batch: the kernel that has them */
+    int general;    /* softcap, ALiBi, a left window edge or a varlen batch: the kernel that has them */
     int num_tiles, grid;
     int scheduler; /* 0: persistent, tiles from the atomic counter; 1: persistent, round robin; 2: a CTA per tile */
 };
@@ -283,7 +284,7 @@ static fa3_plan fa3_plan_make(const fa_params *p, const fa_cuda_device *dev) {
     /* FLASHATTN_FA3_ALIGN = start: the partial tile last, as without a mask */
     pl.align_end = pl.block_m == 192 && pl.reverse_m && !fa3_knobs_get()->align_start;
     pl.section = longest_first_section(p, pl.reverse_m);
-    pl.general = p->softcap > 0.0f || p->window_left >= 0 || fa_is_varlen(p);
+    pl.general = p->softcap > 0.0f || p->alibi_slopes != NULL || p->window_left >= 0 || fa_is_varlen(p);
     /* Head-major tiles that end at the last query (192-row tiles under a causal mask, up to 1k queries) and
      * whose first tile holds one warpgroup's rows (3k + 1 groups of 64): those first tiles, a single key block
      * under a causal mask, are claimed after all the others (fa3_sched::claim_order), so that they fill the end
@@ -323,8 +324,8 @@ extern "C" void fa3_fwd_describe(const fa_params *p, const fa_cuda_device *dev, 
     snprintf(buf, size, "%d x %d tiles, %d consumer warpgroups (%s)%s; tiles %s%s%s%s; %d CTAs over %d tiles (%s)",
              pl.block_m, pl.block_n, pl.block_m / 64, schedule_words(p, &pl),
              !has_lean    ? ""
-             : pl.general ? ", the kernel with softcap, left window edges and varlen"
-                          : ", the kernel without softcap, left window edges or varlen",
+             : pl.general ? ", the kernel with softcap, ALiBi, left window edges and varlen"
+                          : ", the kernel without softcap, ALiBi, left window edges or varlen",
              order, pl.reverse_m ? ", each head from its last query block" : "",
              pl.align_end ? ", 192-row tiles ending at the last query" : "",
              pl.first_last ? ", every head's first tile claimed last" : "", pl.grid, pl.num_tiles,
@@ -369,6 +370,9 @@ extern "C" fa_status fa3_fwd_run(const fa_params *p, const fa_cuda_device *dev, 
     a->max_slack = fa3_knobs_get()->eager_max ? 0.0f : 8.0f / a->scale_log2;
     a->window_left = p->window_left;
     a->window_right = pl.window_right;
+    a->alibi = p->alibi_slopes;
+    a->alibi_batch_stride = p->alibi_batch_stride;
+    a->alibi_scale = log2e / a->scale_log2;
     a->lse = p->lse;
     a->total_q = p->total_q;
     a->o = p->o.data;

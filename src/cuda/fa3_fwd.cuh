@@ -115,7 +115,17 @@ struct fa3_args {
      * descale_kblocks 128-key blocks per k block) */
     const float *q_descale, *k_descale, *v_descale;
     int descale_block_q, descale_block_k, descale_blocks_q, descale_blocks_k, descale_kblocks;
+    /* ALiBi (GENERAL kernels, not e4m3): slopes per (batch entry, query head) at alibi[b * alibi_batch_stride + h],
+     * NULL = none; a slope times alibi_scale (log2(e) / scale_log2) is in units of S */
+    const float *alibi;
+    int64_t alibi_batch_stride;
+    float alibi_scale;
 };
+
+/* The GENERAL template argument of the kernels: 0 the lean kernel (dense batches, no softcap, no left window
+ * edge), 1 the general one, FA3_GENERAL_ALIBI the general one with ALiBi (an instance of its own: in the general
+ * kernel, which every head-dim-128 forward runs, ALiBi's code made ptxas spill 40 B). */
+#define FA3_GENERAL_ALIBI 2
 
 /* A launch: tensor maps, arguments and grid. */
 struct fa3_problem {
@@ -533,7 +543,7 @@ __device__ __forceinline__ int fa3_sched::next_claim(const fa3_args &a, int clai
  * the window of each of those rows. The others (the ragged last block, the diagonal, the window edges) are
  * masked. The three-warpgroup kernels ask for a warpgroup's own 64 rows: under a causal mask its later rows
  * then run the blocks between the tile's first row and their own diagonal unmasked. */
-template <int BN, bool GENERAL>
+template <int BN, int GENERAL>
 static __device__ __forceinline__ void fa3_mask_range(const fa3_args &a, const fa3_tile &g, int first, int last,
                                                       int &n_lo, int &n_hi) {
     const long long off = g.len_k - g.len_q;
@@ -872,11 +882,12 @@ static __device__ __forceinline__ void fa3_release(uint32_t bar, int lane) {
 struct fa3_mask_info {
     int n_lo, n_hi; /* blocks outside [n_lo, n_hi) are masked */
     int len_k, off; /* key count, and where query 0 sits among the keys */
+    float alibi;    /* ALiBi's slope in units of S (slope log2(e) / scale_log2), 0 without */
 };
 
 /* The mask of consumer warpgroup c's rows in tile g: its own 64 rows (OWN_ROWS, the kernels that skip idle
  * warpgroups), else the whole tile's. */
-template <int BN, bool GENERAL, bool OWN_ROWS>
+template <int BN, int GENERAL, bool OWN_ROWS>
 static __device__ __forceinline__ fa3_mask_info fa3_mask_info_make(const fa3_args &a, const fa3_tile &g, int c) {
     fa3_mask_info mi;
     if (OWN_ROWS)
@@ -886,13 +897,14 @@ static __device__ __forceinline__ fa3_mask_info fa3_mask_info_make(const fa3_arg
         fa3_mask_range<BN, GENERAL>(a, g, fa3_wg_row0(g, 0), g.row_last, mi.n_lo, mi.n_hi);
     mi.len_k = g.len_k;
     mi.off = g.len_k - g.len_q - g.shift;
+    mi.alibi = GENERAL == FA3_GENERAL_ALIBI ? a.alibi[g.b * a.alibi_batch_stride + g.h] * a.alibi_scale : 0.f;
     return mi;
 }
 
 /* Whether the thread's rows (row0, row0 + 8) lie past the sequence: in a varlen batch they hold the next
  * sequence's queries, which must not sway the warp's votes (fa3_softmax_stale), or this sequence's bits would
  * depend on the next one's values. Never in a dense batch: those rows are TMA's zero fill. */
-template <bool GENERAL>
+template <int GENERAL>
 static __device__ __forceinline__ void fa3_rows_past(bool (&past)[2], const fa3_mask_info &mi, int row0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) past[h] = GENERAL && row0 + 8 * h + mi.off >= mi.len_k;
@@ -908,19 +920,28 @@ static __device__ __forceinline__ void fa3_pin_scores(float (&s)[BN / 2], float 
     hp_fence_reg(l[1]);
 }
 
-/* Softcap and mask of key block n, in place. */
-template <int BN, bool GENERAL, bool R2P>
+/* Softcap, ALiBi and mask of key block n, in place. */
+template <int BN, int GENERAL, bool R2P>
 static __device__ __forceinline__ void fa3_softcap_mask(float (&s)[BN / 2], const fa3_args &a, const fa3_mask_info &mi,
                                                         int n, int row0, int quad) {
     if (GENERAL && a.softcap_pre != 0.0f) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) s[i] = hp_tanh(s[i] * a.softcap_pre);
     }
+    if (GENERAL == FA3_GENERAL_ALIBI) { /* -slope |key - query - off|: element e + 2 h + 4 c is (row0 + 8 h, 8 c + e) */
+        const int d0 = n * BN + 2 * quad - (row0 + mi.off);
+#pragma unroll
+        for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) s[e + 2 * h + 4 * c] -= mi.alibi * fabsf((float)(d0 + 8 * c + e - 8 * h));
+    }
     if (n < mi.n_lo || n >= mi.n_hi)
         fa3_mask<BN, R2P>(s, n * BN, row0, quad, mi.len_k, mi.off, GENERAL ? a.window_left : -1, a.window_right);
 }
 
-template <int BN, bool JOINT, bool GENERAL, bool R2P>
+template <int BN, bool JOINT, int GENERAL, bool R2P>
 static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&factor)[2],
                                                   const fa3_args &a, const fa3_mask_info &mi, int n, int row0,
                                                   int quad) {
@@ -933,7 +954,7 @@ static __device__ __forceinline__ bool fa3_scores(float (&s)[BN / 2], float (&m)
 /* Softcap, mask and the softmax against the stale max (fa3_softmax_stale) of block n, where every row of the
  * warp has a max. Returns whether S is now P; if not, `destroyed` says whether S must be computed again
  * (fa3_mma_scores) before the full fa3_scores, which the caller runs once P V(n - 1) has retired. */
-template <int BN, bool GENERAL, bool MASKED>
+template <int BN, int GENERAL, bool MASKED>
 static __device__ __forceinline__ bool fa3_scores_stale(float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
                                                         const fa3_args &a, const fa3_mask_info &mi, int n, int row0,
                                                         int quad, bool &destroyed) {
@@ -965,7 +986,7 @@ static __device__ __forceinline__ void fa3_scores_again(float (&s)[BN / 2], cons
  * max (fa3_softmax_stale: each P at most 2^12). That takes three quarters of the max's FMNMX chains off the
  * path from the tile's first Q K^T to its first P V. Rows without a visible column among those, or a failed
  * check, take the full softmax (on S computed again where the check destroyed it). */
-template <int D, int BN, typename T, bool QRS, bool GENERAL>
+template <int D, int BN, typename T, bool QRS, int GENERAL>
 static __device__ __forceinline__ void fa3_first_scores(float (&s)[BN / 2], const fa3_qop<D, QRS> &q, uint32_t krows,
                                                         float (&m)[2], float (&l)[2], const fa3_args &a,
                                                         const fa3_mask_info &mi, int n, int row0, int lane) {
@@ -1103,7 +1124,7 @@ static __device__ __forceinline__ void fa3_pp_first_turn(int c) {
  * K sits in stage KST of a two-stage ring: with the stages compile-time constants every wgmma descriptor is a
  * constant offset from the ring base, which ptxas keeps on the uniform datapath; with a run-time stage it
  * rebuilds each descriptor in vector registers and moves it over (R2UR) before each wgmma. */
-template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL, int KST>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, int GENERAL, int KST>
 static __device__ __forceinline__ void
 fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
                  float (&o)[D / 2], uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a,
@@ -1157,7 +1178,7 @@ fa3_overlap_step(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS>
 
 /* A tile's first key block in the overlapped schedule: Q K(0)^T (with three consumer warpgroups without a turn,
  * fa3_first_qk_free), its softmax (fa3_first_scores with three) and P(0), then the wait for K(1). */
-template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, int GENERAL>
 static __device__ __forceinline__ void
 fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
                   uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
@@ -1183,7 +1204,7 @@ fa3_overlap_first(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, 
 
 /* N (1 or 2) blocks from i, neither masked nor softcapped, in steps whose ring stages are compile-time constants
  * (one copy of the code per parity of block i's stage). */
-template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL, int N>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, int GENERAL, int N>
 static __device__ __forceinline__ void
 fa3_overlap_fast(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2],
                  float (&o)[D / 2], uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a,
@@ -1207,14 +1228,15 @@ fa3_overlap_fast(int i, int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS>
 /* Key blocks [1, nbw) of a tile in the overlapped schedule. Blocks [fast_lo, fast_hi) need neither mask nor
  * softcap: pairs of them take the steps with compile-time stages, and so does a lone one (kLoneFast; an even
  * block count leaves one after the tile's first block); the other blocks the general step. */
-template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, int GENERAL>
 static __device__ __forceinline__ void
 fa3_overlap_blocks(int nbw, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
                    uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], const fa3_args &a, const fa3_mask_info &mi,
                    int n_min, int row0, int lane, int c) {
     constexpr bool kLoneFast = fa3_cfg<D, BN, NWG>::kLoneFast;
     const int fast_lo = max(1, mi.n_lo - n_min);
-    const int fast_hi = GENERAL && a.softcap_pre != 0.0f ? 0 : min(nbw, mi.n_hi - n_min);
+    const int fast_hi =
+        GENERAL == FA3_GENERAL_ALIBI || (GENERAL && a.softcap_pre != 0.0f) ? 0 : min(nbw, mi.n_hi - n_min);
 #pragma unroll 1
     for (int i = 1; i < nbw;) {
         if (i >= fast_lo && i + 1 < fast_hi) {
@@ -1293,7 +1315,7 @@ static __device__ __forceinline__ void fa3_idle_tile(int nb, int kv, const fa3_r
 /* A tile's key blocks in the overlapped schedule, for consumer warpgroup c: the first block, the steady state,
  * the last P V, and the blocks past the warpgroup's own rows skipped. q_empty: the warpgroup's Q tile, free once
  * every Q K^T has completed where O has tiles of its own and Q is read from shared memory. */
-template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, int GENERAL>
 static __device__ __forceinline__ void
 fa3_overlap_tile(int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
                  uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
@@ -1325,7 +1347,7 @@ fa3_overlap_tile(int nb, int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, fl
 
 /* A tile's key blocks without the overlap (the measurement schedules of a tuning build): per block Q K^T, the
  * softmax and P V, each GEMM in a turn of its own. q_empty as in fa3_overlap_tile. */
-template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool PINGPONG, bool QRS, int GENERAL>
 static __device__ __forceinline__ void
 fa3_plain_tile(int kv, const fa3_ring &r, const fa3_qop<D, QRS> &q, float (&s)[BN / 2], float (&o)[D / 2],
                uint32_t (&p)[BN / 4], float (&m)[2], float (&l)[2], float (&factor)[2], const fa3_args &a,
@@ -1459,7 +1481,7 @@ static __device__ __forceinline__ void fa3_v_fixer(uint32_t s_v, uint32_t bar_v_
 /* A consumer's geometry of the tile it took: the producer's copy (three consumer warpgroups; every thread reads
  * it, then releases the index slot tile_empty), else its own fa3_sched::tile_get. False: the tile starts past
  * its sequence. */
-template <int D, int BN, int NWG, bool GENERAL>
+template <int D, int BN, int NWG, int GENERAL>
 static __device__ __forceinline__ bool fa3_consumer_tile(const fa3_args &a, int tile, const fa3_tile &published,
                                                          uint32_t tile_empty, fa3_tile &g) {
     typedef fa3_cfg<D, BN, NWG> C;
@@ -1525,7 +1547,7 @@ static __device__ __forceinline__ void fa3_load_tile(const fa3_args &a, const fa
 /* Warpgroup 0's first thread: claims the tiles (fa3_sched), publishes each one's index (with kSharedGeo also its
  * geometry) to the consumers in the two index slots, and loads its Q, K and V (fa3_load_tile). EB = 1 (e4m3):
  * the V^T writer waits for every V block, as the varlen V fixer does. */
-template <int D, int BN, int NWG, bool GENERAL, int EB = 2>
+template <int D, int BN, int NWG, int GENERAL, int EB = 2>
 static __device__ __forceinline__ void fa3_producer(const fa3_args &a, const CUtensorMap &tm_q, const CUtensorMap &tm_k,
                                                     const CUtensorMap &tm_v, uint8_t *smem, bool varlen) {
     typedef fa3_cfg<D, BN, NWG, EB> C;
@@ -1574,7 +1596,7 @@ static __device__ __forceinline__ void fa3_producer(const fa3_args &a, const CUt
 
 extern __shared__ __align__(1024) uint8_t fa3_smem[];
 
-template <int D, int BN, int NWG, typename T, bool OVERLAP, bool PINGPONG, bool QRS, bool GENERAL>
+template <int D, int BN, int NWG, typename T, bool OVERLAP, bool PINGPONG, bool QRS, int GENERAL>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     fa3_fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -1764,23 +1786,32 @@ static void fa3_trace_dump(const unsigned long long *trace, int grid, cudaStream
 }
 #endif
 
-/* Whether a problem needs the GENERAL kernel: softcap, a left window edge or a varlen batch. */
+/* Whether a problem needs the GENERAL kernel: softcap, ALiBi, a left window edge or a varlen batch. */
 static inline bool fa3_needs_general(const fa3_args *a) {
-    return a->softcap_pre != 0.0f || a->window_left >= 0 || a->cu_q != nullptr || a->descale_block_q > 0 ||
-           a->descale_block_k > 0;
+    return a->softcap_pre != 0.0f || a->alibi != nullptr || a->window_left >= 0 || a->cu_q != nullptr ||
+           a->descale_block_q > 0 || a->descale_block_k > 0;
 }
 
 /* Launches one configuration on the persistent grid. BF16 picks the kernel's element type (bf16, else f16; the
- * flag is what the per-head-dim launchers pass). QRS: Q K^T takes Q from registers. GENERAL = false: a kernel
- * for dense batches without softcap and without a left window edge (plain, causal, right windows): its masked
- * step is shorter, and it spills less. */
-template <int D, int BN, int NWG, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS = false, bool GENERAL = true>
+ * flag is what the per-head-dim launchers pass). QRS: Q K^T takes Q from registers. GENERAL = 0: a kernel for
+ * dense batches without softcap, ALiBi and a left window edge (plain, causal, right windows): its masked step is
+ * shorter, and it spills less; 1: the general kernel, or its ALiBi instance (FA3_GENERAL_ALIBI) where the problem
+ * has slopes. */
+template <int D, int BN, int NWG, bool BF16, bool OVERLAP, bool PINGPONG, bool QRS = false, int GENERAL = 1>
 static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
     typedef fa3_cfg<D, BN, NWG> C;
+    static_assert(GENERAL == 0 || GENERAL == 1, "the ALiBi instance is chosen here");
     if (!GENERAL && fa3_needs_general(&pr->args))
         return fa_fail(FA_ERR_INTERNAL, "fa3 forward: softcap, a left window or varlen in a kernel without them");
+    typedef typename fa3_elem<BF16>::type T;
     void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const fa3_args) =
-        fa3_fwd_kernel<D, BN, NWG, typename fa3_elem<BF16>::type, OVERLAP, PINGPONG, QRS, GENERAL>;
+        fa3_fwd_kernel<D, BN, NWG, T, OVERLAP, PINGPONG, QRS, GENERAL>;
+    if constexpr (GENERAL && NWG != 3) { /* (three warpgroups: see fa3_block_m) */
+        if (pr->args.alibi != nullptr)
+            kernel = fa3_fwd_kernel<D, BN, NWG, T, OVERLAP, PINGPONG, QRS, FA3_GENERAL_ALIBI>;
+    } else if (pr->args.alibi != nullptr) {
+        return fa_fail(FA_ERR_INTERNAL, "fa3 forward: ALiBi in a kernel without it");
+    }
     cudaError_t err =
         cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
     if (err != cudaSuccess) return fa_cuda_status(err, "fa3 forward: setting the shared-memory size");
@@ -1803,9 +1834,13 @@ static fa_status fa3_launch(const fa3_problem *pr, cudaStream_t stream) {
  * two (128 rows) are faster. By the library's benchmark (H200, 16k tokens, 32 heads, TFLOP/s 128 -> 192 rows):
  * causal 128 / 256 64 -> 58 / 112 -> 104, 384 / 512 / 768 145 -> 163 / 174 -> 196 / 216 -> 247, 1k equal;
  * without a mask 128 169 -> 157, 256 equal, 384 / 512 / 1k 273 -> 337 / 295 -> 355 / 364 -> 429.
- * FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64. */
+ * FLASHATTN_FA3_BLOCK_M = 128 | 192 overrides that for head dim 64 (not with ALiBi). */
 static inline int fa3_block_m(const fa_params *p) {
     if (p->head_dim != 64 || p->dtype == FA_E4M3) return 128; /* the e4m3 kernel: two consumer warpgroups */
+    /* ALiBi moves a row's scores by its slope x 128 from one key block to the next, past what the three-warpgroup
+     * kernel's softmax against the stale max takes: it computed S again for nearly every block (H200, causal 4k:
+     * 61 TFLOP/s against the FA2 forward's 228). */
+    if (p->alibi_slopes != NULL) return 128;
     if (fa3_knobs_get()->block_m) return fa3_knobs_get()->block_m;
     const int right_bounded = p->causal || p->window_right >= 0;
     return p->seqlen_q > (right_bounded ? 256 : 128) ? 192 : 128;
