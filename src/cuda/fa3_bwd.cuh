@@ -3,8 +3,9 @@
  * fa3_bwd.cuh - the FlashAttention-3 backward kernels for Hopper (sm_90a) and their launcher, included by the
  * per-head-dim instantiation files fa3_bwd_hdim*.cu: fa3_bwd_kernel (head dims 64, 128; described here) and
  * fa3_bwd_wide_kernel (head dim 256; described at its parts, below). Both take the producer below, and come in
- * four instances per head dim and dtype: deterministic mode and varlen batches each on or off, so that the dense
- * default kernel carries none of their code (in it, that code cost causal problems 8-13%).
+ * twelve instances per head dim and dtype (fa3_bwd_dispatch): plain, softcap or ALiBi scores, deterministic mode and
+ * varlen batches each on or off, so that the dense default kernel carries none of their code (in it, that code cost
+ * causal problems 8-13%, and ALiBi's made ptxas spill).
  *
  * The pre- and post-pass are the FA2 backward's (fa2_bwd.cuh): preprocess writes D = rowsum(dO * O) and
  * LSE * log2(e) (+inf where a row sees no key), convert scales the fp32 dQ accumulator into dQ. Between them
