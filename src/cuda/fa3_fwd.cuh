@@ -32,7 +32,8 @@
  *   PINGPONG     named barriers order the GEMM issue of the consumer warpgroups round robin, so that one
  *                warpgroup's softmax runs while another's GEMMs occupy the tensor cores.
  *   GENERAL      softcap, left window edges and varlen batches are handled; head dims 64 and 256 also have
- *                kernels for dense batches without the other two, which need fewer registers (fa3_launch).
+ *                kernels for dense batches without the other two, which need fewer registers (fa3_launch); ALiBi
+ *                is an instance of its own of the general kernel (FA3_GENERAL_ALIBI).
  * Epilogue: O / l converted to 16 bits into shared memory (swizzled as TMA expects: a buffer of its own where
  * shared memory allows, else the warpgroup's Q tile) and written with a TMA store; varlen tiles that reach past
  * their sequence store rows directly so that the next sequence's rows are never touched. LSE is written from
