@@ -24,5 +24,10 @@ static __device__ __forceinline__ uint32_t bwd_ld_shared_u32(uint32_t addr) {
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
     return v;
 }
+static __device__ __forceinline__ uint4 bwd_ld_shared_u128(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
 
 #endif /* FLASHATTN_CUDA_BWD_COMMON_CUH */

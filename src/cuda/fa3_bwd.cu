@@ -54,6 +54,9 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
     if ((st = fa3_check_tensor("k", &p->k, dense, p->batch, p->heads_kv)) != FA_OK) return st;
     if ((st = fa3_check_tensor("v", &p->v, dense, p->batch, p->heads_kv)) != FA_OK) return st;
     if ((st = fa3_check_tensor("dout", &p->dout, dense, p->batch, p->heads_q)) != FA_OK) return st;
+    /* dK and dV leave in 16-byte stores (fa3_bwd_store_dkdv) */
+    if ((st = fa3_check_tensor("dk", &p->dk, dense, p->batch, p->heads_kv)) != FA_OK) return st;
+    if ((st = fa3_check_tensor("dv", &p->dv, dense, p->batch, p->heads_kv)) != FA_OK) return st;
     return FA_OK;
 }
 

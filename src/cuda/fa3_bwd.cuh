@@ -29,7 +29,8 @@
  *                the columns of one 64-wide slab of the head dim when BM = 64), added to the fp32 accumulator
  *                with 16-byte reductions in fa3_bwd_dq_index's order. The second warpgroup starts half a step
  *                late, so that one's GEMMs overlap the other's softmax.
- * dK (times the softmax scale) and dV are stored from registers after the last step.
+ * dK (times the softmax scale) and dV are stored after the last step, through a ring stage no step reads any more
+ * (16-byte stores).
  * Deterministic mode: the key blocks that see a query block add its dQ one after another, last first, which is
  * the launch order (fa3_bwd_cta_get); producer warps 2 and 3 keep the turns of consumer warpgroups 1 and 2
  * (fa3_bwd_turn_keeper: acquire the count, let the warpgroup add, release), so neither the poll nor the
@@ -126,6 +127,8 @@ template <int D, int BM>
 struct fa3_bwd_cfg : fa3_bwd_layout<D, BM, 128, 3, 128 * BM * 2> {
     /* dQ = dS K per consumer warpgroup: 64 query rows x 64 columns. */
     static constexpr bool kDQByRows = BM == 128;
+    /* the epilogue stages a warpgroup's dK in a Q tile and its dV in a dO tile (fa3_bwd_store_dkdv) */
+    static_assert(fa3_bwd_layout<D, BM, 128, 3, 128 * BM * 2>::kQBytes >= 64 * D * 2, "staging");
     static_assert((BM == 128 && D == 64) || (BM == 64 && D == 128), "dQ splits into two 64 x 64 products");
 };
 
@@ -464,26 +467,44 @@ static __device__ __forceinline__ void fa3_bwd_add_dq_ordered(const float (&dq)[
     if constexpr (DET) hp_bar_arrive(FA3_BWD_BAR_DONE + c, 160);
 }
 
-/* dK (times the softmax scale) and dV of the warpgroup's key rows from registers. */
+/* Named barrier of consumer warpgroup c's staged dK, dV (FA3_BWD_BAR_STAGED + c). */
+#define FA3_BWD_BAR_STAGED 6
+
+/* dK (times the softmax scale) and dV of the warpgroup's 64 key rows: from registers into the tiles at s_dk, s_dv
+ * ([64][D], 16-byte chunks XORed with the row's low bits: conflict-free), then out in 16-byte stores, a row's
+ * chunks by consecutive threads (the host asks for 16-byte aligned rows). Stored from registers, each instruction
+ * writes 16 bytes of each of 8 rows, and at 512 tokens those stores, queued behind each other, held the consumers
+ * about 5% of the kernel's time. */
 template <int D, typename T>
 static __device__ __forceinline__ void fa3_bwd_store_dkdv(const float (&dk)[D / 2], const float (&dv)[D / 2],
                                                           const fa2_bwd_args &a, int b, int hk, int64_t tok_k,
-                                                          int row_base, int rows_left, const fa3_bwd_frag &f) {
-    T *gdk = (T *)a.dk.data, *gdv = (T *)a.dv.data;
+                                                          int row_base, int rows_left, const fa3_bwd_frag &f,
+                                                          uint32_t s_dk, uint32_t s_dv, int c) {
+    constexpr int kChunks = D / 8; /* 16-byte chunks per row */
+    static_assert(kChunks >= 8, "the swizzle spreads 8 rows over 8 chunks");
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int r = row_base + f.row0 + 8 * h;
-        if (r >= rows_left) continue;
-        T *k_row =
-            gdk + (int64_t)b * a.dk.stride_batch + (tok_k + r) * a.dk.stride_seq + (int64_t)hk * a.dk.stride_head;
-        T *v_row =
-            gdv + (int64_t)b * a.dv.stride_batch + (tok_k + r) * a.dv.stride_seq + (int64_t)hk * a.dv.stride_head;
+        const int r = f.row0 + 8 * h;
 #pragma unroll
-        for (int c = 0; c < D / 8; ++c) {
-            const int col = 8 * c + f.col0, i = 4 * c + 2 * h;
-            *reinterpret_cast<uint32_t *>(k_row + col) = fa3_pack<T>(dk[i] * a.scale, dk[i + 1] * a.scale);
-            *reinterpret_cast<uint32_t *>(v_row + col) = fa3_pack<T>(dv[i], dv[i + 1]);
+        for (int j = 0; j < kChunks; ++j) {
+            const int i = 4 * j + 2 * h;
+            const uint32_t off = r * (2 * D) + ((j ^ (r & 7)) << 4) + 2 * f.col0;
+            bwd_st_shared_u32(s_dk + off, fa3_pack<T>(dk[i] * a.scale, dk[i + 1] * a.scale));
+            bwd_st_shared_u32(s_dv + off, fa3_pack<T>(dv[i], dv[i + 1]));
         }
+    }
+    hp_bar_sync(FA3_BWD_BAR_STAGED + c, 128);
+    T *gdk = (T *)a.dk.data + (int64_t)b * a.dk.stride_batch + (int64_t)hk * a.dk.stride_head;
+    T *gdv = (T *)a.dv.data + (int64_t)b * a.dv.stride_batch + (int64_t)hk * a.dv.stride_head;
+    const int tid = threadIdx.x % 128;
+#pragma unroll
+    for (int k = 0; k < 64 * kChunks / 128; ++k) {
+        const int q = tid + 128 * k, r = q / kChunks, j = q % kChunks;
+        if (row_base + r >= rows_left) break; /* (rows grow with k) */
+        const uint32_t off = r * (2 * D) + ((j ^ (r & 7)) << 4);
+        const int64_t row = tok_k + row_base + r;
+        *reinterpret_cast<uint4 *>(gdk + row * a.dk.stride_seq + 8 * j) = bwd_ld_shared_u128(s_dk + off);
+        *reinterpret_cast<uint4 *>(gdv + row * a.dv.stride_seq + 8 * j) = bwd_ld_shared_u128(s_dv + off);
     }
 }
 
@@ -778,7 +799,11 @@ __global__ void __launch_bounds__(384, 1)
         fa3_bwd_add_dq_ordered<D, DET>(dq, args, sq, b, prev_m0, prev_hq, dq_row0, dq_col0, c, f);
     }
     const bool packed = a.cu_seqlens_q != nullptr; /* (varlen, read again: no register held over the loop) */
-    fa3_bwd_store_dkdv<D, T>(dk, dv, a, packed ? 0 : b, hk, packed ? sq.tok_k : 0, n0 + row_base, sq.len_k, f);
+    /* staged in the ring stage of step nsteps - 3 + c: once either warpgroup is here, the other is past step
+     * nsteps - 2 (its last dQ waited for both halves of the last dS^T) and no load is coming */
+    const int stage = fa3_pipe<STAGES>::stage(nsteps + c);
+    fa3_bwd_store_dkdv<D, T>(dk, dv, a, packed ? 0 : b, hk, packed ? sq.tok_k : 0, n0 + row_base, sq.len_k, f,
+                             s_q + stage * C::kQBytes, s_do + stage * C::kQBytes, c);
 #endif /* FA_SM90A */
 }
 
