@@ -348,6 +348,16 @@ static void gpu_cases(void) {
     add("stress", c, F);
     c.scale = 1e3f;
     add("stress", with_causal(c), F);
+    /* a negative softmax scale over partial blocks, and one near 0 */
+    c = with_causal(shape(FA_BF16, 2, 4, 2, 200, 333, 128));
+    c.scale = -0.3f;
+    add("stress", c, F);
+    c = shape(FA_F16, 1, 4, 4, 130, 128, 64);
+    c.scale = 1e-35f;
+    add("stress", c, F);
+    /* key blocks that see no query (their dK, dV zero), an odd count of key blocks under a causal mask */
+    add("blocks", with_window(shape(FA_BF16, 2, 4, 2, 100, 900, 128), 50, 0), F);
+    add("blocks", with_causal(shape(FA_F16, 1, 8, 2, 1000, 1000, 64)), F);
     add("determinism", with_causal(shape(FA_BF16, 4, 8, 2, 512, 512, 128)), F | DET | BIG);
     add("determinism", with_varlen(shape(FA_F16, 9, 8, 8, 300, 300, 64), 0), F | DET);
     add("nan-padding", with_layout(with_varlen(shape(FA_BF16, 5, 4, 2, 150, 170, 128), 9), VF_LAYOUT_PADDED),
