@@ -144,8 +144,8 @@ typedef enum fa_backend {
 
 /* Which CUDA kernel family runs (FA_BACKEND_CUDA only). AUTO picks FA3 on compute capability 9.0 for the
  * shapes it supports and FA2 otherwise; the environment variable FLASHATTN_KERNEL=fa2|fa3 overrides AUTO. FA3
- * fails a forward it cannot run; a backward it cannot run (varlen, deterministic, ALiBi, head dims other than
- * 64 and 128) runs FA2. FA2 runs FA2 in both directions. */
+ * fails a forward it cannot run; a backward it cannot run (head dims other than 64, 128 and 256, softcap together
+ * with ALiBi, tensors whose rows are not 16-byte aligned) runs FA2. FA2 runs FA2 in both directions. */
 typedef enum fa_kernel {
     FA_KERNEL_AUTO = 0,
     FA_KERNEL_FA2  = 2,
