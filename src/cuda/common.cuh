@@ -119,6 +119,14 @@ static __device__ __forceinline__ void fa_stmatrix_x4(uint32_t addr, uint32_t r0
                  "r"(r2), "r"(r3)
                  : "memory");
 }
+/* fa_stmatrix_x4 storing each matrix transposed: lane l's address is that of row l % 8 of matrix l / 8 as stored,
+ * i.e. of column l % 8 of the matrix as the registers hold it. */
+static __device__ __forceinline__ void fa_stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                            uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
 #endif
 
 /* ---- cp.async (global -> shared without registers), groups ---- */

@@ -927,24 +927,48 @@ static __device__ __forceinline__ void fa3_bwd_wide_issue_dq(float (&dq)[2][32],
     hp_wgmma_commit();
 }
 
-/* dK (times the softmax scale) and dV from the transposed accumulators: element i of block mi is head-dim row
- * 128 c + 64 mi + row0 + 8 ((i >> 1) & 1), key 8 (i >> 2) + col0 + (i & 1); keys past the sequence not stored. */
+/* dK (times the softmax scale) and dV from the transposed accumulators (element i of block mi is head-dim row
+ * 128 c + 64 mi + row0 + 8 ((i >> 1) & 1), key 8 (i >> 2) + col0 + (i & 1)): transposed back by stmatrix.trans into
+ * the tiles at s_dk, s_dv ([64 keys][128 head-dim columns of the warpgroup], 16-byte chunks XORed with the key's low
+ * bits), then out in 16-byte stores, a key's chunks by consecutive threads; keys past the sequence not stored.
+ * (From registers they were 2-byte stores, 256 per thread.) */
 template <typename T>
-static __device__ __forceinline__ void fa3_bwd_wide_store_dkdv(const float (&dk)[2][32], const float (&dv)[2][32],
-                                                               const fa2_bwd_args &a, int b, int hk, int64_t tok_k,
-                                                               int keys_left, int c, const fa3_bwd_frag &f) {
-    T *gdk = (T *)a.dk.data + (int64_t)b * a.dk.stride_batch + tok_k * a.dk.stride_seq + (int64_t)hk * a.dk.stride_head;
-    T *gdv = (T *)a.dv.data + (int64_t)b * a.dv.stride_batch + tok_k * a.dv.stride_seq + (int64_t)hk * a.dv.stride_head;
+static __device__ __forceinline__ void
+fa3_bwd_wide_store_dkdv(const float (&dk)[2][32], const float (&dv)[2][32], const fa2_bwd_args &a, int b, int hk,
+                        int64_t tok_k, int keys_left, int c, const fa3_bwd_frag &f, uint32_t s_dk, uint32_t s_dv) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            const int d = 128 * c + 64 * mi + f.row0 + 8 * ((i >> 1) & 1), key = 8 * (i >> 2) + f.col0 + (i & 1);
-            if (key >= keys_left) continue;
-            gdk[key * a.dk.stride_seq + d] = fa_elem<T>::from_float(dk[mi][i] * a.scale);
-            gdv[key * a.dv.stride_seq + d] = fa_elem<T>::from_float(dv[mi][i]);
+        for (int q = 0; q < 4; ++q) { /* keys 16 q .. 16 q + 15: matrices (key block, head-dim half) */
+            const int m = lane / 8, key = 16 * q + 8 * (m >> 1) + lane % 8;
+            const int chunk = 8 * mi + 2 * warp + (m & 1); /* of the warpgroup's 16 16-byte chunks per key */
+            const uint32_t off = key * 256 + ((chunk ^ (key & 7)) << 4);
+            const int i0 = 8 * q; /* key block 2 q: elements i0 .. i0 + 3; block 2 q + 1: i0 + 4 .. */
+            fa_stmatrix_x4_trans(s_dk + off, fa3_pack<T>(dk[mi][i0] * a.scale, dk[mi][i0 + 1] * a.scale),
+                                 fa3_pack<T>(dk[mi][i0 + 2] * a.scale, dk[mi][i0 + 3] * a.scale),
+                                 fa3_pack<T>(dk[mi][i0 + 4] * a.scale, dk[mi][i0 + 5] * a.scale),
+                                 fa3_pack<T>(dk[mi][i0 + 6] * a.scale, dk[mi][i0 + 7] * a.scale));
+            fa_stmatrix_x4_trans(
+                s_dv + off, fa3_pack<T>(dv[mi][i0], dv[mi][i0 + 1]), fa3_pack<T>(dv[mi][i0 + 2], dv[mi][i0 + 3]),
+                fa3_pack<T>(dv[mi][i0 + 4], dv[mi][i0 + 5]), fa3_pack<T>(dv[mi][i0 + 6], dv[mi][i0 + 7]));
         }
+    hp_bar_sync(FA3_BWD_BAR_STAGED + c, 128);
+    T *gdk = (T *)a.dk.data + (int64_t)b * a.dk.stride_batch + tok_k * a.dk.stride_seq +
+             (int64_t)hk * a.dk.stride_head + 128 * c;
+    T *gdv = (T *)a.dv.data + (int64_t)b * a.dv.stride_batch + tok_k * a.dv.stride_seq +
+             (int64_t)hk * a.dv.stride_head + 128 * c;
+    const int tid = threadIdx.x % 128;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int key = 8 * k + tid / 16, chunk = tid % 16;
+        if (key >= keys_left) break; /* (keys grow with k) */
+        const uint32_t off = key * 256 + ((chunk ^ (key & 7)) << 4);
+        *reinterpret_cast<uint4 *>(gdk + key * a.dk.stride_seq + 8 * chunk) = bwd_ld_shared_u128(s_dk + off);
+        *reinterpret_cast<uint4 *>(gdv + key * a.dv.stride_seq + 8 * chunk) = bwd_ld_shared_u128(s_dv + off);
+    }
 }
+
 #endif /* FA_SM90A */
 
 /* The backward kernel for head dim 256 (fa3_bwd_wide_cfg): the same producer; each step both consumer
@@ -1057,8 +1081,11 @@ __global__ void __launch_bounds__(384, 1)
         hp_mbar_arrive(bars + C::kBarDSFree + 8 * buf);
     }
     const bool packed = a.cu_seqlens_q != nullptr;
+    /* staged in the ring stage of step nsteps - 2 (the warpgroups move in step: both are past it) */
+    const int stage = fa3_pipe<STAGES>::stage(w.nsteps), half = c * (64 * 128 * 2);
     fa3_bwd_wide_store_dkdv<T>(dk, dv, a, packed ? 0 : w.cta.b, w.cta.hk, (packed ? sq.tok_k : 0) + w.n0,
-                               sq.len_k - w.n0, c, f);
+                               sq.len_k - w.n0, c, f, s_q + stage * C::kQBytes + half,
+                               s_do + stage * C::kQBytes + half);
 #endif /* FA_SM90A */
 }
 
