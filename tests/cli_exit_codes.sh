@@ -82,11 +82,11 @@ if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "
     expect 0 "info --plan --deterministic with softcap and ALiBi: the FA2 backward's slices" \
         "bwd: +fa2 backward.*deterministic" -- info --plan --deterministic --alibi --softcap 30
     expect 2 "info --plan refuses f32" "f16 or bf16" -- info --plan --dtype f32
-    expect 0 "info --plan --decode: one sequence of 32k splits the keys" \
-        "decode: append, then 32 splits of the cache's 32768 rows.*256 attention CTAs" -- \
+    expect 0 "info --plan --decode: one sequence of 32k splits the keys, a block per SM" \
+        "decode: append, then 16 splits of the cache's 32768 rows.*128 attention CTAs.*1 per SM" -- \
         info --plan --decode --batch 1 --seqlen-k 32768
     expect 0 "info --plan --decode: 32 sequences fill the SMs unsplit, no new token, paged" \
-        "decode: 1 split of the cache's 4096 rows.*256 attention CTAs" -- \
+        "decode: 1 split of the cache's 4096 rows.*256 attention CTAs.*2 per SM" -- \
         info --plan --decode --batch 32 --seqlen-k 4096 --new 0 --page-size 16
 else
     echo "SKIP  info --plan: no CUDA backend, or a GPU other than a 132-SM Hopper (the expected figures are for one)"

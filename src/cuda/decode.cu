@@ -7,16 +7,18 @@
  * Row blocks: more than 16 query rows per kv head (MQA, long query groups) go two blocks of 16 to an attention
  * block, whose two sets of warps share every K/V tile it loads.
  *
- * Split count (kv->num_splits = 0): a block moves its keys at a rate of its own (a wave with idle slots is not
- * faster per block), so s splits of the blocks of one split (batch x kv heads x groups of query rows) cost
- * the waves they take (SMs x blocks per SM) times a block's time (the key tiles of one split, plus two for its
- * fixed part): the cheapest s, the fewest among equals, at most one split per key tile of the largest possible
- * cache length.
- * A block of two row blocks reads each tile once but does twice the work of a block of one on it (scores,
- * softmax, P V) and at its end (the merge; twice the rows of partial O written, then combined), and that work,
- * not the tiles in flight, sets its pace: it takes two of a wave's slots (a wave holds at least one block per SM).
- * With two blocks per SM that is the split count of one row block per block, at half the blocks, each reading its
- * tiles once for both row blocks.
+ * Split count (kv->num_splits = 0): the blocks on one SM share its rate (H200, 1x32k 32/8 d128: 128 blocks of
+ * 32 tiles, one per SM, 3.45 TB/s; 256 blocks of 16 tiles, two per SM, 3.35; 160 blocks, two on some SMs, 2.6),
+ * so s splits of the blocks of one split (batch x kv heads x groups of query rows) cost the waves of one block
+ * per SM they take times a block's time (the key tiles of one split, plus two for its fixed part): the cheapest s,
+ * the fewest among equals, at most one split per key tile of the largest possible cache length. A grid of at
+ * most one block per SM asks for more than half of an SM's shared memory: the blocks of a programmatic dependent
+ * launch are placed while the previous kernel's still hold their SMs, and would otherwise land two to an SM on
+ * some SMs (8x8k, 128 blocks: 11 SMs), whose blocks then end 10% late. A longer grid keeps two blocks per SM.
+ * A block of two row blocks reads each tile once for both and takes one such slot. Head dims up to 64 count a
+ * wave as every block an SM holds (two with their six-tile ring) and keep two per SM: their tiles hold half the
+ * bytes, a block's per-tile work sets its pace, and one block per SM measured 0.80-0.89x of two (H200, d64 1x128k,
+ * 8x8k, 2x32k, 4x16k).
  * It depends on host-known sizes only (the cache's capacity, never cache_seqlens), so a captured CUDA graph
  * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
  * and DECODE_MAX_SPLITS.
@@ -62,8 +64,9 @@ typedef struct decode_plan {
     int64_t m_blocks, m_groups; /* blocks of 16 query rows per kv head; attention blocks they take */
     int row_blocks;
     int num_splits;
-    int stages, per_sm; /* K/V tiles in the ring; attention blocks an SM holds at once */
-    size_t workspace;   /* bytes: partial O and LSE when split */
+    int stages, per_sm;  /* K/V tiles in the ring; attention blocks an SM holds at once */
+    size_t smem_request; /* an attention block's shared memory: more than half an SM's for a grid of one per SM */
+    size_t workspace;    /* bytes: partial O and LSE when split */
 } decode_plan;
 
 /* The split count of the header's cost model for `blocks` attention blocks over `tiles` key tiles with `wave`
@@ -95,11 +98,16 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        /* the cost model of the file's header; a block of two row blocks takes two of a wave's slots */
-        const int64_t slots = (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks;
+        /* the file header's cost model: one block per SM per wave; at head dims up to 64, a block per slot */
+        const int64_t slots = p->head_dim <= 64 ? (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks : 0;
         splits = cheapest_splits(blocks, tiles, max_splits, slots > dev->sm_count ? slots : dev->sm_count);
     }
     pl.num_splits = (int)splits;
+    pl.smem_request = smem;
+    if (p->head_dim > 64 && blocks * splits <= dev->sm_count) { /* more than half an SM: one block per SM */
+        const size_t half = dev->smem_per_sm / 2 + 1024, limit = fa_cuda_smem_limit(dev);
+        if (smem < half && half <= limit) pl.smem_request = half, pl.per_sm = 1;
+    }
     pl.workspace = 0;
     if (splits > 1) {
         const size_t out_rows = (size_t)p->batch * p->heads_q * p->seqlen_q;
@@ -246,6 +254,7 @@ extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const 
     a.alibi = p->alibi_slopes, a.alibi_batch_stride = p->alibi_batch_stride;
     a.num_splits = pl.num_splits;
     a.overlap_launch = dev->cc_major >= 9;
+    a.smem_request = (int32_t)pl.smem_request;
     if (pl.num_splits > 1) {
         const size_t out_rows = (size_t)p->batch * p->heads_q * p->seqlen_q;
         a.part_o = (float *)workspace;

@@ -73,6 +73,7 @@ typedef struct decode_args {
     int64_t alibi_batch_stride;
     int32_t num_splits;
     int32_t overlap_launch;   /* host: launch as programmatic dependents (sm_90) */
+    int32_t smem_request;     /* host: the block's shared memory, at least what the kernel uses (decode_plan) */
     float *part_o, *part_lse; /* workspace (num_splits > 1): (splits, batch, heads_q, seqlen_q[, head_dim]) */
 } decode_args;
 
@@ -661,7 +662,8 @@ static cudaError_t decode_attn_launch(const decode_args *a, cudaStream_t stream)
         cudaFuncAttributes attr;
         return cudaFuncGetAttributes(&attr, kernel);
     }
-    const int smem = (int)decode_smem_bytes(D, STAGES, MB);
+    const size_t used = decode_smem_bytes(D, STAGES, MB);
+    const int smem = (int)(used > (size_t)a->smem_request ? used : (size_t)a->smem_request);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     /* all of the SM's shared memory: the blocks per SM are what keeps enough copies in flight */
     if (err == cudaSuccess)
