@@ -98,9 +98,11 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        /* the file header's cost model: one block per SM per wave; at head dims up to 64, a block per slot */
-        const int64_t slots = p->head_dim <= 64 ? (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks : 0;
-        splits = cheapest_splits(blocks, tiles, max_splits, slots > dev->sm_count ? slots : dev->sm_count);
+        /* the file header's cost model: a wave is one block per SM; at head dims up to 64, every block an SM holds */
+        int64_t wave = dev->sm_count;
+        if (p->head_dim <= 64 && (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks > wave)
+            wave = (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks;
+        splits = cheapest_splits(blocks, tiles, max_splits, wave);
     }
     pl.num_splits = (int)splits;
     pl.smem_request = smem;
