@@ -393,8 +393,8 @@ typedef struct fa_kvcache {
     int32_t     rotary_interleaved; /* 1: pairs (2t, 2t + 1) (flash-attn's default); 0: halves (t, t + dim/2) */
 
     /* Splits of the key range for a device kernel; 0 = its heuristic (none when the batch and heads already
-     * fill the GPU). The CUDA backend takes an explicit count up to one split per 64 cache rows of the capacity
-     * and 128; the host backends ignore it. */
+     * fill the GPU). The CUDA backend takes an explicit count up to one split per key tile of the capacity (64
+     * cache rows, 128 at head dim 64) and 128; the host backends ignore it. */
     int32_t num_splits;
 } fa_kvcache;
 

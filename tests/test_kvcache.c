@@ -442,14 +442,18 @@ static void gpu_cases(void) {
         { "gpu-paged128-leftpad", FA_BF16, 3, 8, 2, 96, 2, 2, 400, 128, 0, 1, 1, -1, -1, 0, 0, 1, 0, 0, 0 },
         { "gpu-d192", FA_F16, 2, 12, 4, 192, 1, 0, 333, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 3 },
         { "gpu-d96", FA_BF16, 2, 8, 8, 96, 1, 1, 333, 0, 0, 1, 0, -1, -1, 0, 0, 1, 0, 0, 0 },
+        /* head dim 64's tiles of 128 keys: across pages of 16 (a leftpad shifts them), split, causal rows */
+        { "gpu-d64-paged16-leftpad", FA_BF16, 3, 8, 2, 64, 1, 1, 700, 16, 0, 1, 0, -1, -1, 0, 0, 1, 0, 0, 3 },
+        { "gpu-d64-long", FA_F16, 2, 16, 2, 64, 2, 1, 3000, 0, 32, 1, 1, -1, -1, 0, 0, 0, 0, 0, 0 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], th_opt.seed * 104729u + i);
-    /* The two-tile ring that d = 128 takes on the parts with 99 KB of shared memory per block, on this GPU
+    /* The two-tile ring that d = 64 and 128 take on the parts with 99 KB of shared memory per block, on this GPU
      * (FLASHATTN_SMEM_LIMIT caps the limit the kernel selection assumes). */
     if (!cuda_runs(&cases[0])) return;
     const kv_case limited[] = {
         { "gpu-99KB", FA_BF16, 4, 32, 8, 128, 1, 1, 300, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },
         { "gpu-99KB", FA_F16, 3, 16, 2, 128, 4, 4, 260, 16, 32, 1, 1, -1, -1, 0, 0, 1, 0, 0, 3 },
+        { "gpu-99KB", FA_BF16, 3, 8, 2, 64, 1, 1, 600, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 3 },
     };
     setenv("FLASHATTN_SMEM_LIMIT", "101376", 1);
     for (size_t i = 0; i < sizeof limited / sizeof limited[0]; i++) run_case(&limited[i], th_opt.seed * 7u + i);

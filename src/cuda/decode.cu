@@ -15,10 +15,10 @@
  * most one block per SM asks for more than half of an SM's shared memory: the blocks of a programmatic dependent
  * launch are placed while the previous kernel's still hold their SMs, and would otherwise land two to an SM on
  * some SMs (8x8k, 128 blocks: 11 SMs), whose blocks then end 10% late. A longer grid keeps two blocks per SM.
- * A block of two row blocks reads each tile once for both and takes one such slot. Head dims up to 64 count a
+ * A block of two row blocks reads each tile once for both and takes one such slot. Head dims below 64 count a
  * wave as every block an SM holds (two with their six-tile ring) and keep two per SM: their tiles hold half the
- * bytes, a block's per-tile work sets its pace, and one block per SM measured 0.80-0.89x of two (H200, d64 1x128k,
- * 8x8k, 2x32k, 4x16k).
+ * bytes, a block's per-tile work sets its pace (head dim 64 measured so with 64-key tiles, one block per SM at
+ * 0.80-0.89x of two; its 128-key tiles hold as many bytes as head dim 128's, and one per SM gains there).
  * It depends on host-known sizes only (the cache's capacity, never cache_seqlens), so a captured CUDA graph
  * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
  * and DECODE_MAX_SPLITS.
@@ -88,7 +88,7 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     pl.row_blocks = row_blocks_for(p);
     pl.m_groups = (pl.m_blocks + pl.row_blocks - 1) / pl.row_blocks;
     const int64_t blocks = (int64_t)p->batch * p->heads_kv * pl.m_groups;
-    const int64_t tiles = (kv_capacity(kv) + decode_block_n() - 1) / decode_block_n();
+    const int64_t bn = decode_block_n(p->head_dim), tiles = (kv_capacity(kv) + bn - 1) / bn;
     const int64_t max_splits = tiles < DECODE_MAX_SPLITS ? (tiles > 0 ? tiles : 1) : DECODE_MAX_SPLITS;
     int64_t splits = 1;
     pl.stages = stages_for(p->head_dim, pl.row_blocks, dev);
@@ -98,15 +98,15 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        /* the file header's cost model: a wave is one block per SM; at head dims up to 64, every block an SM holds */
+        /* the file header's cost model: a wave is one block per SM; below head dim 64, every block an SM holds */
         int64_t wave = dev->sm_count;
-        if (p->head_dim <= 64 && (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks > wave)
+        if (p->head_dim < 64 && (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks > wave)
             wave = (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks;
         splits = cheapest_splits(blocks, tiles, max_splits, wave);
     }
     pl.num_splits = (int)splits;
     pl.smem_request = smem;
-    if (p->head_dim > 64 && blocks * splits <= dev->sm_count) { /* more than half an SM: one block per SM */
+    if (p->head_dim >= 64 && blocks * splits <= dev->sm_count) { /* more than half an SM: one block per SM */
         const size_t half = dev->smem_per_sm / 2 + 1024, limit = fa_cuda_smem_limit(dev);
         if (smem < half && half <= limit) pl.smem_request = half, pl.per_sm = 1;
     }
@@ -162,7 +162,7 @@ extern "C" fa_status decode_supported(const fa_params *p, const fa_kvcache *kv, 
         (st = check_vector_tensor(&kv->k_cache, "k_cache")) || (st = check_vector_tensor(&kv->v_cache, "v_cache")))
         return st;
     /* key indices are int32 in the kernels, with a tile of slack */
-    if (kv_capacity(kv) > INT32_MAX - 2 * decode_block_n())
+    if (kv_capacity(kv) > INT32_MAX - 2 * decode_block_n(p->head_dim))
         return fa_fail(FA_ERR_UNSUPPORTED,
                        "the cache's capacity (%lld rows) exceeds the CUDA decode kernels' int32 "
                        "key range",
@@ -198,9 +198,9 @@ extern "C" void decode_describe(const fa_params *p, const fa_kvcache *kv, const 
              "%s%d split%s of the cache's %lld rows (%lld %d-key tiles); %lld attention CTAs (batch %d x kv heads %d x "
              "%lld groups of %d query rows x splits), %d per SM, a ring of %d K/V tiles%s",
              p->k.data ? "append, then " : "", pl.num_splits, pl.num_splits == 1 ? "" : "s", (long long)kv_capacity(kv),
-             (long long)((kv_capacity(kv) + decode_block_n() - 1) / decode_block_n()), decode_block_n(),
-             (long long)ctas, p->batch, p->heads_kv, (long long)pl.m_groups, 16 * pl.row_blocks, pl.per_sm, pl.stages,
-             pl.num_splits > 1 ? "; a combine pass over the splits" : "");
+             (long long)((kv_capacity(kv) + decode_block_n(p->head_dim) - 1) / decode_block_n(p->head_dim)),
+             decode_block_n(p->head_dim), (long long)ctas, p->batch, p->heads_kv, (long long)pl.m_groups,
+             16 * pl.row_blocks, pl.per_sm, pl.stages, pl.num_splits > 1 ? "; a combine pass over the splits" : "");
 }
 
 template <typename T>

@@ -12,12 +12,12 @@
  * query heads that share a kv head and the query tokens are the rows of m16 tiles (row r is token r / group of
  * query head kv_head * group + r % group), so each K/V byte is read once per kv head, not once per query head;
  * with more than 16 rows (MQA, long query groups) a block takes two row blocks, a set of 4 warps each, which
- * share every K/V tile. The block's keys come in tiles of 64 rows (swizzled at head dims 64 and 128:
- * decode_kv_swizzled) by cp.async through a multi-stage ring (16-byte copies; one address per thread and tile,
- * fixed strides after it, where the tile lies in one page or the cache is contiguous, else the page table read
- * per row; rows past the sequence zero-filled and never read); each warp
- * takes 16 keys of a tile: S = Q K^T and O += P V with mma.sync m16n8k16, the scores made general (scale, softcap,
- * ALiBi, the bottom-right mask) element by element: the kernel waits on memory, not on arithmetic. Each warp keeps its
+ * share every K/V tile. The block's keys come in tiles of 64 rows, 128 at head dim 64 (decode_block_n; swizzled at
+ * head dims 64 and 128: decode_kv_swizzled) by cp.async through a multi-stage ring (16-byte copies; one address per
+ * thread and tile, fixed strides after it, where the tile lies in one page or the cache is contiguous, else the
+ * page table read per row; rows past the sequence zero-filled and never read); each warp takes a quarter of the
+ * keys of a tile: S = Q K^T and O += P V with mma.sync m16n8k16, the scores made general (scale, softcap, ALiBi,
+ * the bottom-right mask) element by element: the kernel waits on memory, not on arithmetic. Each warp keeps its
  * own running max, sum and O; at the end the warps merge through shared memory. With one split the block
  * writes O and LSE; with several it writes its normalised O and its LSE in fp32 to the workspace, and the
  * combine kernel (one block per query row) weighs the splits by exp(lse_split - lse) into O and LSE.
@@ -77,18 +77,19 @@ typedef struct decode_args {
     float *part_o, *part_lse; /* workspace (num_splits > 1): (splits, batch, heads_q, seqlen_q[, head_dim]) */
 } decode_args;
 
-/* Warps per row block of an attention block (each takes 16 keys of a tile) and K/V tiles in the ring. Head dims up to
- * 128 keep three tiles where they fit (the next one is requested before the oldest is waited for, so all three are in
- * flight during the wait; two blocks per SM on A100/H100), head dims up to 64 six (the bytes in flight of three
- * tiles at d = 128: with three, two blocks per SM left the memory short of requests); the most of these that fit,
- * else two: the 99 KB parts (sm_86, sm_89, sm_120) take three at d = 64 and two at d = 128, every part two above
- * d = 128. */
+/* Warps per row block of an attention block (each takes a quarter of a tile's keys), keys per tile and K/V tiles in
+ * the ring. A tile is 64 keys, 128 at head dim 64, whose 128-byte rows would otherwise give each barrier of the loop
+ * half the bytes of head dim 128's tile (16 KB, not 32). Head dims up to 128 keep three tiles where they fit (the next
+ * one is requested before the oldest is waited for, so all three are in flight during the wait; two blocks per SM on
+ * A100/H100), head dims below 64 six (the bytes in flight of three tiles at d = 128); the most of these that fit,
+ * else two: the 99 KB parts (sm_86, sm_89, sm_120) take three at d < 64 and two at d = 64 and 128, every part two
+ * above d = 128. */
 #define DECODE_WARPS 4
 static constexpr __host__ __device__ int decode_stages_max(int d) {
-    return d <= 64 ? 6 : d <= 128 ? 3 : 2;
+    return d < 64 ? 6 : d <= 128 ? 3 : 2;
 }
-static constexpr __host__ __device__ int decode_block_n(void) {
-    return DECODE_WARPS * 16;
+static constexpr __host__ __device__ int decode_block_n(int d) {
+    return d == 64 ? 128 : 64;
 }
 /* K/V tiles of head dims 64 and 128 are swizzled (fa_smem_tile): into rows padded by 16 bytes a warp's copy of
  * two row segments is split on the shared-memory side, and each part requested from L2 again (ncu, H200, d128:
@@ -101,7 +102,7 @@ static constexpr __host__ __device__ bool decode_kv_swizzled(int d) {
  * K/V ring. */
 static constexpr __host__ __device__ size_t decode_smem_bytes(int d, int stages, int row_blocks) {
     return (size_t)(2 * d + 16) * 16 * row_blocks +
-           (size_t)(decode_kv_swizzled(d) ? 2 * d : 2 * d + 16) * 2 * stages * decode_block_n();
+           (size_t)(decode_kv_swizzled(d) ? 2 * d : 2 * d + 16) * 2 * stages * decode_block_n(d);
 }
 
 /* One launcher per head dim (decode_hdim*.cu) for the attention kernel with `stages` K/V tiles (2, 3, or
@@ -269,9 +270,9 @@ __global__ void __launch_bounds__(DECODE_COMBINE_THREADS) decode_combine_kernel(
 
 /* The key tiles [x, y) of a split: the tiles of the keys that some row of the block (rows c0 .. c0 + crows) sees,
  * shared out among the splits. */
+template <int BN>
 static __device__ __forceinline__ int2 decode_split_tiles(const decode_args &a, int len_k, int c0, int crows,
                                                           int split) {
-    constexpr int BN = decode_block_n();
     const int64_t shift = (int64_t)len_k - a.seqlen_q;
     int64_t key_lo = 0, key_hi = len_k;
     if (a.window_left >= 0) key_lo = max((int64_t)0, c0 / a.group + shift - a.window_left);
@@ -367,8 +368,9 @@ static __device__ __forceinline__ void decode_load_tile(const decode_args &a, in
 template <typename T, int D, int STAGES, int MB>
 __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(const __grid_constant__ decode_args a) {
     typedef fa_elem<T> E;
-    constexpr int KW = DECODE_WARPS, NW = KW * MB, kThreads = NW * 32, BN = decode_block_n();
-    constexpr int DT = D / 8; /* n8 tiles of O */
+    constexpr int KW = DECODE_WARPS, NW = KW * MB, kThreads = NW * 32, BN = decode_block_n(D);
+    constexpr int KN = BN / KW, KS = KN / 16; /* a warp's keys of a tile; its blocks of 16 keys */
+    constexpr int DT = D / 8;                 /* n8 tiles of O */
     typedef fa_smem_tile<16 * MB, D> QTile;
     typedef fa_smem_tile<BN, D, decode_kv_swizzled(D)> KVTile;
     constexpr uint32_t kStageBytes = 2 * KVTile::kBytes;
@@ -391,7 +393,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
     const int len_k = len_c + a.seqlen_new - pad;              /* attended keys */
     const int r0 = c0 + 16 * rb, nrows = min(16, a.rows - r0); /* the warp's (none: nrows <= 0) */
     const int64_t shift = (int64_t)len_k - a.seqlen_q;         /* query i sits at key i + shift */
-    const int2 tiles = decode_split_tiles(a, len_k, c0, crows, split);
+    const int2 tiles = decode_split_tiles<BN>(a, len_k, c0, crows, split);
     const int n_begin = tiles.x, n_end = tiles.y;
 
     /* This thread's two rows (g, g + 8 of the tile): visible keys [lo, hi), ALiBi slope and diagonal. */
@@ -484,31 +486,36 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
         const uint32_t sK = sKV + stage * kStageBytes, sV = sK + KVTile::kBytes;
         stage = stage + 1 == STAGES ? 0 : stage + 1;
 
-        /* S = Q K^T over this warp's 16 keys (two n8 tiles) */
-        float s[2][4];
+        /* S = Q K^T over this warp's KN keys (n8 tiles 2 sb, 2 sb + 1: keys 16 sb .. of them) */
+        constexpr int NT = 2 * KS;
+        float s[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-        const uint32_t k_addr = sK + KVTile::offset(kw * 16 + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        const uint32_t k_addr = sK + KVTile::offset(kw * KN + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
-            uint32_t kb[4], qa[4];
-            fa_ldmatrix_x4(kb, KVTile::frag(k_addr, 0, ks * 2));
+            uint32_t qa[4];
             if constexpr (kQInRegs) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) qa[e] = qreg[kQInRegs ? ks : 0][e];
             } else {
                 fa_ldmatrix_x4(qa, QTile::frag(q_addr, 0, ks * 2));
             }
-            E::mma(s[0], qa, kb[0], kb[1]);
-            E::mma(s[1], qa, kb[2], kb[3]);
+#pragma unroll
+            for (int sb = 0; sb < KS; sb++) {
+                uint32_t kb[4];
+                fa_ldmatrix_x4(kb, KVTile::frag(k_addr, 16 * sb, ks * 2));
+                E::mma(s[2 * sb], qa, kb[0], kb[1]);
+                E::mma(s[2 * sb + 1], qa, kb[2], kb[3]);
+            }
         }
 
         /* scores in log2 units: scale, softcap, ALiBi, then the mask (keys past the sequence included) where
          * some row of the block does not see every key of the tile */
-        const int j0 = n * BN + kw * 16 + 2 * t4;
+        const int j0 = n * BN + kw * KN + 2 * t4;
         if (general) {
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int hf = e / 2, j = j0 + nt * 8 + (e & 1);
@@ -519,13 +526,13 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
                 }
         } else {
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[nt][e] *= scale_log2;
         }
         if (n * BN < full_lo || n * BN + BN > full_hi) {
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int hf = e / 2, j = j0 + nt * 8 + (e & 1);
@@ -533,13 +540,16 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
                 }
         }
 
-        /* online softmax per row; P packed to 16 bits as the A operand of P V. O is rescaled only when some
-         * row's max moved (the factor is exactly 1 otherwise, as it mostly is after the first tiles). */
-        uint32_t pa[4];
+        /* online softmax per row; P packed to 16 bits as the A operands of P V (one per 16 keys). O is rescaled
+         * only when some row's max moved (the factor is exactly 1 otherwise, as it mostly is after the first
+         * tiles). */
+        uint32_t pa[KS][4];
         float corr[2];
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            float mx = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
             mx = fa_quad_max(mx);
             const float m_new = fmaxf(row_max[hf], mx);
             const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with no key yet: p = 0, not NaN */
@@ -547,10 +557,11 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
             row_max[hf] = m_new;
             row_sum[hf] *= corr[hf];
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
+            for (int nt = 0; nt < NT; nt++) {
                 const float p0 = fa_exp2(s[nt][2 * hf] - m_use), p1 = fa_exp2(s[nt][2 * hf + 1] - m_use);
                 row_sum[hf] += p0 + p1;
-                pa[2 * nt + hf] = E::pack(p0, p1); /* a0: (g, keys 0-7), a1: (g+8, 0-7), a2/a3: keys 8-15 */
+                /* a0: (g, keys 0-7 of the 16), a1: (g+8, 0-7), a2/a3: keys 8-15 */
+                pa[nt / 2][2 * (nt % 2) + hf] = E::pack(p0, p1);
             }
         }
         if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
@@ -560,14 +571,16 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
         }
 
         /* O += P V */
-        const uint32_t v_addr = sV + KVTile::offset(kw * 16 + ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+        const uint32_t v_addr = sV + KVTile::offset(kw * KN + ((lane / 8) % 2) * 8 + lane % 8, lane / 16);
 #pragma unroll
-        for (int dp = 0; dp < D / 16; dp++) {
-            uint32_t vb[4];
-            fa_ldmatrix_x4_trans(vb, KVTile::frag(v_addr, 0, dp * 2));
-            E::mma(acc[2 * dp], pa, vb[0], vb[1]);
-            E::mma(acc[2 * dp + 1], pa, vb[2], vb[3]);
-        }
+        for (int sb = 0; sb < KS; sb++)
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                uint32_t vb[4];
+                fa_ldmatrix_x4_trans(vb, KVTile::frag(v_addr, 16 * sb, dp * 2));
+                E::mma(acc[2 * dp], pa[sb], vb[0], vb[1]);
+                E::mma(acc[2 * dp + 1], pa[sb], vb[2], vb[3]);
+            }
     }
 
     /* Merge the warps of each row block: each row's max M over them, every warp's O scaled by 2^(m_w - M) and
