@@ -85,6 +85,9 @@ if "$fa" info | grep -q "cuda=yes" && { ! "$fa" info | grep -q "^device 0:" || "
     expect 0 "info --plan --decode: one sequence of 32k splits the keys, a block per SM" \
         "decode: append, then 16 splits of the cache's 32768 rows.*128 attention CTAs.*1 per SM" -- \
         info --plan --decode --batch 1 --seqlen-k 32768
+    expect 0 "info --plan --decode: one paged sequence of 32k keeps two blocks per SM" \
+        "decode: append, then 32 splits of the cache's 32768 rows.*256 attention CTAs.*2 per SM" -- \
+        info --plan --decode --batch 1 --seqlen-k 32768 --page-size 16
     expect 0 "info --plan --decode: 32 sequences fill the SMs unsplit, no new token, paged" \
         "decode: 1 split of the cache's 4096 rows.*256 attention CTAs.*2 per SM" -- \
         info --plan --decode --batch 32 --seqlen-k 4096 --new 0 --page-size 16

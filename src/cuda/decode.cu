@@ -18,7 +18,11 @@
  * A block of two row blocks reads each tile once for both and takes one such slot. Head dims below 64 count a
  * wave as every block an SM holds (two with their six-tile ring) and keep two per SM: their tiles hold half the
  * bytes, a block's per-tile work sets its pace (head dim 64 measured so with 64-key tiles, one block per SM at
- * 0.80-0.89x of two; its 128-key tiles hold as many bytes as head dim 128's, and one per SM gains there).
+ * 0.80-0.89x of two; its 128-key tiles hold as many bytes as head dim 128's, and one per SM gains there). Pages
+ * smaller than a tile count and keep two per SM as well: a thread's copies of each tile wait for its page-table
+ * reads, which a second block on the SM covers (H200 d128, pages of 16 on the split shapes: 0.72-0.77 of
+ * contiguous at one block per SM, 0.93-0.97 at two; pages of 256, one read per tile: 0.98-1.00 at one, 0.95-0.98
+ * at two).
  * It depends on host-known sizes only (the cache's capacity, never cache_seqlens), so a captured CUDA graph
  * stays valid as the lengths change. An explicit count is taken as given, up to the key tiles of the capacity
  * and DECODE_MAX_SPLITS.
@@ -91,6 +95,7 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     const int64_t bn = decode_block_n(p->head_dim), tiles = (kv_capacity(kv) + bn - 1) / bn;
     const int64_t max_splits = tiles < DECODE_MAX_SPLITS ? (tiles > 0 ? tiles : 1) : DECODE_MAX_SPLITS;
     int64_t splits = 1;
+    const bool small_pages = kv->block_table && kv->page_size < decode_block_n(p->head_dim);
     pl.stages = stages_for(p->head_dim, pl.row_blocks, dev);
     const size_t smem = decode_smem_bytes(p->head_dim, pl.stages, pl.row_blocks);
     int per_sm = (int)(dev->smem_per_sm / (smem + dev->smem_reserved));
@@ -98,15 +103,16 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     if (kv->num_splits > 0) {
         splits = kv->num_splits < max_splits ? kv->num_splits : max_splits;
     } else {
-        /* the file header's cost model: a wave is one block per SM; below head dim 64, every block an SM holds */
+        /* the file header's cost model: a wave is one block per SM; below head dim 64 or with pages smaller than a
+         * tile, every block an SM holds */
         int64_t wave = dev->sm_count;
-        if (p->head_dim < 64 && (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks > wave)
+        if ((p->head_dim < 64 || small_pages) && (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks > wave)
             wave = (int64_t)dev->sm_count * pl.per_sm / pl.row_blocks;
         splits = cheapest_splits(blocks, tiles, max_splits, wave);
     }
     pl.num_splits = (int)splits;
     pl.smem_request = smem;
-    if (p->head_dim >= 64 && blocks * splits <= dev->sm_count) { /* more than half an SM: one block per SM */
+    if (p->head_dim >= 64 && !small_pages && blocks * splits <= dev->sm_count) { /* one block per SM */
         const size_t half = dev->smem_per_sm / 2 + 1024, limit = fa_cuda_smem_limit(dev);
         if (smem < half && half <= limit) pl.smem_request = half, pl.per_sm = 1;
     }
