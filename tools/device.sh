@@ -24,6 +24,10 @@
 #              compare.py --impls ours-direct,base-direct (FA_COMPARE_ARGS replaces the default --sets paper,llama
 #              --passes bwd): both in one process, ratio ours-direct/base-direct -> ab.log, ab.json, ab-build.log
 #              (not part of all)
+#   ab-decode  the same for calls whose builds cannot share a process (decode): FA_AB_BASE's library and this one
+#              alternated twice, each a compare.py process of its own (FLASHATTN_LIBRARY; FA_COMPARE_ARGS replaces
+#              the default --sets decode --impls ours,cudnn), bench/ab_report.py's table of their ratios to the
+#              peer -> ab.log, the runs' JSON in extras.tar (not part of all)
 #   profile    ncu (--set full) of one call of ours and of cuDNN's SDPA on one shape (FA_PROFILE="bwd 128
 #              16384 [causal]", the default, or "decode BATCH CACHE_LENGTH [HQ/HKV [D]]"), the main metrics of every
 #              kernel side by side -> profile.log, the reports in extras.tar (not part of all)
@@ -46,7 +50,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1 ;;
     --jobs) JOBS=$2; shift ;;
     --jobs=*) JOBS=${1#--jobs=} ;;
-    build | test | sanitize | bench | cpu | decode | ab | profile | summary) PARTS+=("$1") ;;
+    build | test | sanitize | bench | cpu | decode | ab | ab-decode | profile | summary) PARTS+=("$1") ;;
     all) PARTS+=(test sanitize bench cpu) ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "device.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -329,14 +333,19 @@ pack_outputs() {
     if [ -d "$EXTRA" ]; then tar -C "$OUT" -cf "$OUT/extras.tar" extra && rm -rf "$EXTRA"; fi
 }
 
-part_ab() {
+# Builds the library of the tree FA_AB_BASE names (part ab, ab-decode).
+build_ab_base() {
     local base=${FA_AB_BASE:-}
     if [ -z "$base" ] || [ ! -f "$base/Makefile" ]; then
-        note "ab: FA_AB_BASE must name the base build's source tree (FA_AB_BASE='$base')"; FAILED+=(ab); return 1
+        note "$1: FA_AB_BASE must name the base build's source tree (FA_AB_BASE='$base')"; FAILED+=("$1"); return 1
     fi
-    note "ab: building the base library in $base"
+    note "$1: building the base library in $base"
     (cd "$base" && make -j"$JOBS" build/libflashattn.so) > "$OUT/ab-build.log" 2>&1 ||
-        { tail -20 "$OUT/ab-build.log"; note "ab: base build FAILED"; FAILED+=(ab); return 1; }
+        { tail -20 "$OUT/ab-build.log"; note "$1: base build FAILED"; FAILED+=("$1"); return 1; }
+}
+part_ab() {
+    build_ab_base ab || return 1
+    local base=$FA_AB_BASE
     local cmp_args=${FA_COMPARE_ARGS:---sets paper,llama --passes bwd}
     note "ab: $PY bench/compare.py --impls ours-direct,base-direct $cmp_args"
     # shellcheck disable=SC2086
@@ -344,6 +353,30 @@ part_ab() {
         --json "$OUT/ab.json" $cmp_args > "$OUT/ab.log" 2>&1 || { tail -5 "$OUT/ab.log"; FAILED+=(ab); return 1; }
     grep -E '^(==|shape|geomean)|ours-direct/base' "$OUT/ab.log" | tail -60
     note "ab: done"
+}
+part_ab_decode() {
+    build_ab_base ab-decode || return 1
+    local base lib runs=() r v
+    base=$(cd "$FA_AB_BASE" && pwd)
+    local cmp_args=${FA_COMPARE_ARGS:---sets decode --impls ours,cudnn}
+    mkdir -p "$EXTRA"
+    : > "$OUT/ab.log"
+    for r in 1 2; do
+        for v in this base; do
+            lib=$PWD/build/libflashattn.so
+            [ "$v" = base ] && lib=$base/build/libflashattn.so
+            note "ab-decode: $v, pass $r: compare.py $cmp_args"
+            # shellcheck disable=SC2086
+            if FLASHATTN_LIBRARY=$lib "$PY" bench/compare.py --rounds 3 $cmp_args --json "$EXTRA/ab-$v-$r.json" \
+                >> "$OUT/ab.log" 2>&1; then
+                runs+=("$v-$r=$EXTRA/ab-$v-$r.json")
+            else
+                note "ab-decode: $v pass $r FAILED"; FAILED+=(ab-decode)
+            fi
+        done
+    done
+    [ ${#runs[@]} -gt 0 ] && "$PY" bench/ab_report.py "${runs[@]}" | tee -a "$OUT/ab.log"
+    note "ab-decode: done"
 }
 part_profile() {
     local ncu shape impl
@@ -388,6 +421,7 @@ for p in "${PARTS[@]}"; do
     cpu) part_cpu ;;
     decode) part_decode ;;
     ab) part_ab ;;
+    ab-decode) part_ab_decode ;;
     profile) part_profile ;;
     summary) ;;
     esac
