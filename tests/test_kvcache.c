@@ -447,8 +447,8 @@ static void gpu_cases(void) {
         { "gpu-d64-long", FA_F16, 2, 16, 2, 64, 2, 1, 3000, 0, 32, 1, 1, -1, -1, 0, 0, 0, 0, 0, 0 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], th_opt.seed * 104729u + i);
-    /* The two-tile ring that d = 64 and 128 take on the parts with 99 KB of shared memory per block, on this GPU
-     * (FLASHATTN_SMEM_LIMIT caps the limit the kernel selection assumes). */
+    /* The rings that d = 128 (two tiles) and d = 64 (three, 98 KB with Q) take on the parts with 99 KB of shared
+     * memory per block, on this GPU (FLASHATTN_SMEM_LIMIT caps the limit the kernel selection assumes). */
     if (!cuda_runs(&cases[0])) return;
     const kv_case limited[] = {
         { "gpu-99KB", FA_BF16, 4, 32, 8, 128, 1, 1, 300, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 0 },

@@ -95,7 +95,7 @@ static decode_plan plan_get(const fa_params *p, const fa_kvcache *kv, const fa_c
     const int64_t bn = decode_block_n(p->head_dim), tiles = (kv_capacity(kv) + bn - 1) / bn;
     const int64_t max_splits = tiles < DECODE_MAX_SPLITS ? (tiles > 0 ? tiles : 1) : DECODE_MAX_SPLITS;
     int64_t splits = 1;
-    const bool small_pages = kv->block_table && kv->page_size < decode_block_n(p->head_dim);
+    const bool small_pages = kv->block_table && kv->page_size < bn;
     pl.stages = stages_for(p->head_dim, pl.row_blocks, dev);
     const size_t smem = decode_smem_bytes(p->head_dim, pl.stages, pl.row_blocks);
     int per_sm = (int)(dev->smem_per_sm / (smem + dev->smem_reserved));
@@ -200,13 +200,14 @@ extern "C" void decode_describe(const fa_params *p, const fa_kvcache *kv, const 
                                 size_t size) {
     const decode_plan pl = plan_get(p, kv, dev);
     const int64_t ctas = (int64_t)p->batch * p->heads_kv * pl.m_groups * pl.num_splits;
+    const int bn = decode_block_n(p->head_dim);
     snprintf(buf, size,
              "%s%d split%s of the cache's %lld rows (%lld %d-key tiles); %lld attention CTAs (batch %d x kv heads %d x "
              "%lld groups of %d query rows x splits), %d per SM, a ring of %d K/V tiles%s",
              p->k.data ? "append, then " : "", pl.num_splits, pl.num_splits == 1 ? "" : "s", (long long)kv_capacity(kv),
-             (long long)((kv_capacity(kv) + decode_block_n(p->head_dim) - 1) / decode_block_n(p->head_dim)),
-             decode_block_n(p->head_dim), (long long)ctas, p->batch, p->heads_kv, (long long)pl.m_groups,
-             16 * pl.row_blocks, pl.per_sm, pl.stages, pl.num_splits > 1 ? "; a combine pass over the splits" : "");
+             (long long)((kv_capacity(kv) + bn - 1) / bn), bn, (long long)ctas, p->batch, p->heads_kv,
+             (long long)pl.m_groups, 16 * pl.row_blocks, pl.per_sm, pl.stages,
+             pl.num_splits > 1 ? "; a combine pass over the splits" : "");
 }
 
 template <typename T>

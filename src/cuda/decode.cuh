@@ -82,8 +82,8 @@ typedef struct decode_args {
  * half the bytes of head dim 128's tile (16 KB, not 32). Head dims up to 128 keep three tiles where they fit (the next
  * one is requested before the oldest is waited for, so all three are in flight during the wait; two blocks per SM on
  * A100/H100), head dims below 64 six (the bytes in flight of three tiles at d = 128); the most of these that fit,
- * else two: the 99 KB parts (sm_86, sm_89, sm_120) take three at d < 64 and two at d = 64 and 128, every part two
- * above d = 128. */
+ * else two: the 99 KB parts (sm_86, sm_89, sm_120) take three up to d = 64 and two at d = 128, every part two above
+ * d = 128. */
 #define DECODE_WARPS 4
 static constexpr __host__ __device__ int decode_stages_max(int d) {
     return d < 64 ? 6 : d <= 128 ? 3 : 2;
