@@ -25,7 +25,8 @@
  * bf16 calls at a level with the bf16 dot product (fa_cpu_bf16_products) run both products on bf16 pairs
  * instead: the K panels and Q^T strips hold pairs along head_dim straight from the inputs (Q unscaled: the
  * softmax multiplies the scores by softmax_scale in fp32), V is packed as pairs of keys, and P, computed in
- * fp32 as above, is rounded to bf16 pairs of keys in place in the score tile before the P V product.
+ * fp32 as above, is rounded to bf16 pairs of keys in a tile of its own (the P V product's operand) beside the
+ * scores. After a row's first block its max mostly stays (FWD_STALE_LOG2), so P there takes one pass over the scores.
  */
 #include "cpu/cpu_internal.h"
 
@@ -57,6 +58,9 @@ typedef struct fwd_scratch {
     float *alpha;     /* (FA_FWD_BR): rescale of the accumulator for the current key block */
     float *qpos;      /* (FA_FWD_BR): query position on the key axis, for ALiBi */
     int32_t *lo, *hi; /* (FA_FWD_BR): visible key range of each row */
+#ifdef FA_CPU_BF16
+    uint32_t *pt; /* bf16 products: (FA_FWD_BC / 2, FWD_LDS): P as bf16 pairs of keys, transposed */
+#endif
 #ifdef FA_CPU_AMX
     float *ot; /* AMX: (row width, FWD_LDS): the output accumulator transposed */
 #endif
@@ -74,6 +78,9 @@ static fwd_scratch fwd_scratch_carve(const fa_params *p, fa_arena *a) {
     s.qpos = fa_arena_take(a, sizeof(float) * FA_FWD_BR);
     s.lo = fa_arena_take(a, sizeof(int32_t) * FA_FWD_BR);
     s.hi = fa_arena_take(a, sizeof(int32_t) * FA_FWD_BR);
+#ifdef FA_CPU_BF16
+    s.pt = fa_arena_take(a, sizeof(uint32_t) * fa_round_up(FA_FWD_BC / 2, 16) * FWD_LDS);
+#endif
 #ifdef FA_CPU_AMX
     s.ot = fa_arena_take(a, sizeof(float) * fa_cpu_row_width(p) * FWD_LDS);
 #endif
@@ -284,35 +291,87 @@ static void fwd_pack_keys(const fwd_ctx *cx, int64_t h, int64_t kg) {
     cx->L->kb_bad[h * cx->nkb + kg] = any;
 }
 
-/* Probabilities of keys j and j + 1 (j even) into the transposed tile column col: as floats in rows j and j + 1,
- * or (pairs, the bf16 products) as their bf16 pair in row j / 2, which the loop has read already. */
-static inline void fwd_store_probs(float *col, int64_t j, fa_vf p0, fa_vf p1, int pairs) {
-#ifdef FA_CPU_BF16
-    if (pairs) {
-        *(fa_vu_u *)(col + j / 2 * FWD_LDS) = (fa_vu_u)fa_bf16_pairs(p0, p1);
-        return;
-    }
-#else
-    (void)pairs;
-#endif
-    fa_vstore(col + j * FWD_LDS, p0);
-    fa_vstore(col + (j + 1) * FWD_LDS, p1);
-}
-
 /* The running max m of a row moves only when the block's max passes it by more than 2^FWD_STALE_LOG2 in P:
  * against a kept m, P <= 2^8 (fp32 sums and bf16 P hold it with the same relative precision), and alpha = 1, so
  * the accumulator needs no rescale for most blocks after the first (the AMX path skips that pass over O^T). */
 #define FWD_STALE_LOG2 8.0f
 
+/* Probabilities of keys j and j + 1 (j even): as floats in rows j and j + 1 of the score tile's column col, or (pcol,
+ * the bf16 products) as their bf16 pair in row j / 2 of the pair tile's column pcol. */
+static inline void fwd_store_probs(float *col, uint32_t *pcol, int64_t j, fa_vf p0, fa_vf p1) {
+#ifdef FA_CPU_BF16
+    if (pcol) {
+        *(fa_vu_u *)(pcol + j / 2 * FWD_LDS) = (fa_vu_u)fa_bf16_pairs(p0, p1);
+        return;
+    }
+#else
+    (void)pcol;
+#endif
+    fa_vstore(col + j * FWD_LDS, p0);
+    fa_vstore(col + (j + 1) * FWD_LDS, p1);
+}
+
+/* P = 2^x: to the bf16 pairs of pcol at bf16's precision, else in fp32. */
+static inline fa_vf fwd_exp2(const uint32_t *pcol, fa_vf x) {
+#ifdef FA_CPU_BF16
+    if (pcol) return fa_vexp2_nonpos_bf16(x);
+#endif
+    return fa_vexp2_nonpos(x);
+}
+
+#ifdef FA_CPU_BF16
+/* P of one vector of query columns in one pass over the scores (the bf16 products, no score modification): against
+ * the rows' kept max m, the block's own max checked on the way. Where no score passes m by more than
+ * FWD_STALE_LOG2 (most blocks after a row's first) that is the result: m stays, alpha is 1, the sum grows by the
+ * block's. Returns 0 where it is not, or where a row has no max yet; the scores are untouched (P went to pcol) and
+ * fwd_softmax's two passes take the vector. The exponent is one multiply-add, scale log2 e and m log2 e folded. */
+static int fwd_softmax_kept(fwd_scratch *sc, int64_t v, const float *col, uint32_t *pcol, int64_t nk, fa_vf m,
+                            float scale) {
+    const fa_vi none = m == fa_vset1(-__builtin_inff());
+    int first = 0;
+    for (int k = 0; k < FA_VL; k++) first |= none[k];
+    if (first) return 0;
+    const fa_vf c = fa_vset1(scale * FA_LOG2E), mc = m * -FA_LOG2E;
+    fa_vf top0 = fa_vset1(-__builtin_inff()), top1 = top0, sum0 = fa_vset1(0.0f), sum1 = sum0;
+    int64_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+        const fa_vf x0 = fa_vfma(fa_vload(col + j * FWD_LDS), c, mc),
+                    x1 = fa_vfma(fa_vload(col + (j + 1) * FWD_LDS), c, mc);
+        top0 = fa_vmax(top0, x0);
+        top1 = fa_vmax(top1, x1);
+        const fa_vf p0 = fa_vexp2_nonpos_bf16(x0), p1 = fa_vexp2_nonpos_bf16(x1);
+        fwd_store_probs(NULL, pcol, j, p0, p1);
+        sum0 += p0;
+        sum1 += p1;
+    }
+    if (j < nk) {
+        const fa_vf x0 = fa_vfma(fa_vload(col + j * FWD_LDS), c, mc);
+        top0 = fa_vmax(top0, x0);
+        const fa_vf p0 = fa_vexp2_nonpos_bf16(x0);
+        fwd_store_probs(NULL, pcol, j, p0, fa_vset1(0.0f));
+        sum0 += p0;
+    }
+    /* (a NaN score fails the test below too: its lane keeps m, and the NaN reaches the sum) */
+    const fa_vi moved = fa_vmax(top0, top1) > fa_vset1(FWD_STALE_LOG2);
+    int any = 0;
+    for (int k = 0; k < FA_VL; k++) any |= moved[k];
+    if (any) return 0;
+    fa_vstore(sc->l + v * FA_VL, fa_vload(sc->l + v * FA_VL) + (sum0 + sum1));
+    fa_vstore(sc->alpha + v * FA_VL, fa_vset1(1.0f));
+    return 1;
+}
+#endif
+
 /*
  * Softmax of one key block, on the transposed scores st (nk keys x query vectors [v0, nv)): the scores times
  * scale (1 where Q came pre-scaled), the score modifications (softcap, ALiBi, mask), the running max (kept while
  * the block's stays within FWD_STALE_LOG2 of it), P = exp2((S - m) log2 e), the running sum (of the fp32 P), and
- * the rescale factors alpha of the accumulator. P replaces the scores as floats, or with `pairs` (the bf16
- * products) as bf16 pairs of keys, pair t in row t. Returns whether some row's max moved (an alpha is not 1).
+ * the rescale factors alpha of the accumulator. P replaces the scores as floats, or with pt (the bf16 products) goes
+ * to pt as bf16 pairs of keys, pair t in row t, most vectors in one pass (fwd_softmax_kept). Returns whether some
+ * row's max moved (an alpha is not 1).
  */
 static int fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int64_t nk, int masked, float softcap,
-                       float alibi_slope, float scale, int pairs) {
+                       float alibi_slope, float scale, uint32_t *pt) {
     const int transform = masked || softcap > 0.0f || alibi_slope != 0.0f;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
     const fa_vf log2e = fa_vset1(FA_LOG2E);
@@ -321,7 +380,11 @@ static int fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int6
     fa_vi moved = fa_viset1(0);
     for (int64_t v = v0; v < nv; v++) {
         float *col = sc->st + v * FA_VL;
+        uint32_t *pcol = pt ? pt + v * FA_VL : NULL;
         fa_vf m_old = fa_vload(sc->m + v * FA_VL), mx = m_old;
+#ifdef FA_CPU_BF16
+        if (pcol && !transform && fwd_softmax_kept(sc, v, col, pcol, nk, m_old, scale)) continue;
+#endif
         if (!transform) { /* four independent chains: one would wait on the max's latency at every key */
             fa_vf mx1 = mx, mx2 = mx, mx3 = mx;
             int64_t j = 0;
@@ -360,15 +423,15 @@ static int fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int6
         fa_vf sum0 = fa_vset1(0.0f), sum1 = fa_vset1(0.0f);
         int64_t j = 0;
         for (; j + 2 <= nk; j += 2) {
-            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) * ps - m_use) * log2e);
-            fa_vf p1 = fa_vexp2_nonpos((fa_vload(col + (j + 1) * FWD_LDS) * ps - m_use) * log2e);
-            fwd_store_probs(col, j, p0, p1, pairs);
+            fa_vf p0 = fwd_exp2(pcol, (fa_vload(col + j * FWD_LDS) * ps - m_use) * log2e);
+            fa_vf p1 = fwd_exp2(pcol, (fa_vload(col + (j + 1) * FWD_LDS) * ps - m_use) * log2e);
+            fwd_store_probs(col, pcol, j, p0, p1);
             sum0 += p0;
             sum1 += p1;
         }
         if (j < nk) {
-            fa_vf p0 = fa_vexp2_nonpos((fa_vload(col + j * FWD_LDS) * ps - m_use) * log2e);
-            fwd_store_probs(col, j, p0, fa_vset1(0.0f), pairs);
+            fa_vf p0 = fwd_exp2(pcol, (fa_vload(col + j * FWD_LDS) * ps - m_use) * log2e);
+            fwd_store_probs(col, pcol, j, p0, fa_vset1(0.0f));
             sum0 += p0;
         }
         fa_vstore(sc->l + v * FA_VL, fa_vload(sc->l + v * FA_VL) * alpha + (sum0 + sum1));
@@ -510,9 +573,9 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
                 fa_amx_gemm(fa_round_up(nk, 16), nq, d / 2, (const uint32_t *)(kt + kb * d * FA_FWD_BC), d / 2,
                             (const uint32_t *)sc->qt + c0 / FA_VL * FA_VL * (d / 2), FA_VL, FA_VL * (d / 2),
                             sc->st + c0, FWD_LDS, 0);
-                const int moved =
-                    fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale, 1);
-                uint32_t *pt = (uint32_t *)(sc->st + c0);
+                const int moved = fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope,
+                                              p->softmax_scale, sc->pt);
+                uint32_t *pt = sc->pt + c0;
                 for (int64_t t = kp; t < kp16; t++) memset(pt + t * FWD_LDS, 0, sizeof(uint32_t) * (size_t)nq);
                 /* O^T = O^T diag(alpha) + V^T P^T over the columns from c0 (alpha = 1 unless a max moved) */
                 for (int64_t c = 0; moved && c < w; c++)
@@ -530,15 +593,15 @@ static void fwd_block(const fwd_ctx *cx, fwd_scratch *sc, int64_t b, int64_t h, 
                 fwd_scores_bf16((const uint32_t *)(kt + kb * d * FA_FWD_BC),
                                 (const uint32_t *)sc->qt + c0 / FA_VL * FA_VL * (d / 2), sc->st + c0,
                                 fa_round_up(nk, FA_MR), ncols - c0, d, pf_v);
-                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale, 1);
-                fwd_pv_bf16((const uint32_t *)(sc->st + c0), (const uint32_t *)vrow, cx->v.stride_seq, sc->o + c0 * ldo,
-                            ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
+                fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, p->softmax_scale, sc->pt);
+                fwd_pv_bf16(sc->pt + c0, (const uint32_t *)vrow, cx->v.stride_seq, sc->o + c0 * ldo, ldo, rows - c0, w,
+                            nk, sc->alpha + c0, pf_k);
                 continue;
             }
 #endif
             fwd_scores(kt + kb * d * FA_FWD_BC, sc->qt + c0 / FA_VL * FA_VL * d, sc->st + c0, fa_round_up(nk, FA_MR),
                        ncols - c0, d, pf_v);
-            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, 1.0f, 0);
+            fwd_softmax(sc, c0 / FA_VL, ncols / FA_VL, j0, nk, !full, p->softcap, slope, 1.0f, NULL);
             fwd_pv(sc->st + c0, vrow, cx->v.stride_seq, sc->o + c0 * ldo, ldo, rows - c0, w, nk, sc->alpha + c0, pf_k);
         }
     }
