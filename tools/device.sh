@@ -15,7 +15,8 @@
 #   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck -> sanitize.log
 #   bench      bench/compare.py (ours and the peers, every ratio)           -> bench.log compare.json compare.csv
 #              then flashattn bench --sweep paper (our kernels alone)       -> extras.tar: ours-bench.log/.csv, plots
-#   cpu        fp32 b1 h8 s2048 d128 at 1 and 16 threads, ours vs torch    -> cpu.log (csv/json in extras.tar)
+#   cpu        compare.py --device cpu: b1 h8 s2048 d128, bf16 / fp16 / fp32 at 1 and 16 threads, ours vs torch's
+#              CPU SDPA; bench/cpu_report.py's table of them              -> cpu.log (the runs' JSON in extras.tar)
 #   decode     compare.py --sets decode: the plain shapes (ours, cuDNN, pages of 16, append + rotary), pages
 #              of 64 and 256, MQA 32/1, head dims 64 and 256, 4 query tokens; bench/decode_report.py's table
 #              of them all -> decode.log, the runs' JSON in extras.tar (not part of all)
@@ -241,60 +242,23 @@ part_bench() {
 
 part_cpu() {
     mkdir -p "$EXTRA"
-    local shape="--backend cpu --dtype f32 --batch 1 --heads 8 --seqlen-q 2048 --seqlen-k 2048 --head-dim 128 --bwd"
     : > "$OUT/cpu.log"
-    note "cpu: ours, 1 and 16 threads, causal and not"
+    local runs=() dt t
     for t in 1 16; do
-        for c in "--no-causal" "--causal"; do
-            local tag=full
-            [ "$c" = --causal ] && tag=causal
-            echo "== $FA bench $shape --threads $t $c" >> "$OUT/cpu.log"
-            # shellcheck disable=SC2086
-            OMP_NUM_THREADS=$t OMP_PROC_BIND=close "$FA" bench $shape --threads $t $c \
-                --csv "$EXTRA/cpu-ours-t$t-$tag.csv" >> "$OUT/cpu.log" 2>&1 || FAILED+=("cpu ours t=$t $c")
+        for dt in bf16 fp16 fp32; do
+            note "cpu: compare.py --device cpu --dtype $dt --threads $t"
+            if OMP_PROC_BIND=close "$PY" bench/compare.py --device cpu --threads "$t" --dtype "$dt" --sets paper \
+                --head-dims 128 --seqlens 2048 --paper-tokens 2048 --paper-hidden 1024 --impls ours,flash \
+                --passes fwd,bwd,fwdbwd --rounds 3 --json "$EXTRA/cpu-$dt-t$t.json" >> "$OUT/cpu.log" 2>&1; then
+                runs+=("$EXTRA/cpu-$dt-t$t.json")
+            else
+                note "cpu: $dt threads $t FAILED"; FAILED+=("cpu $dt t=$t")
+            fi
         done
     done
-    note "cpu: torch CPU SDPA flash"
-    "$PY" bench/peer_bench.py --cpu --threads 1,16 --json "$EXTRA/cpu-peers.json" >> "$OUT/cpu.log" 2>&1 ||
-        FAILED+=("cpu peers")
-    cpu_table | tee -a "$OUT/cpu.log"
-}
-
-cpu_table() {
-    "$PY" - "$EXTRA" <<'EOF'
-import csv, glob, json, os, sys
-extra = sys.argv[1]
-
-def field(row, *names):
-    for n in names:
-        for k, v in row.items():
-            if k and k.strip().lower() == n:
-                return v
-    return None
-
-res = {}  # (threads, causal, pass) -> {"ours": gflops, "torch": gflops}
-for path in glob.glob(os.path.join(extra, "cpu-ours-t*.csv")):
-    name = os.path.basename(path)[len("cpu-ours-t"):-4]
-    threads, causal = int(name.split("-")[0]), name.endswith("causal")
-    for r in csv.DictReader(open(path)):
-        if (field(r, "status") or "FA_OK").strip() != "FA_OK":
-            continue
-        try:
-            res.setdefault((threads, causal, (field(r, "pass", "direction") or "fwd").strip()), {})["ours"] = \
-                1e3 * float(field(r, "tflops", "tflop/s"))
-        except (TypeError, ValueError):
-            pass
-peer = os.path.join(extra, "cpu-peers.json")
-if os.path.exists(peer):
-    for r in json.load(open(peer)):
-        res.setdefault((r["threads"], bool(r["causal"]), r["pass"]), {})["torch"] = 1e3 * r["tflops"]
-print("CPU fp32 b1 h8 s2048 d128, GFLOP/s")
-print("%7s %6s %4s %9s %9s %6s" % ("threads", "causal", "pass", "ours", "torch", "ratio"))
-for k in sorted(res, key=lambda k: (k[0], k[1], k[2] != "fwd")):
-    o, t = res[k].get("ours"), res[k].get("torch")
-    print("%7d %6s %4s %9s %9s %6s" % (k[0], "yes" if k[1] else "no", k[2], "%.1f" % o if o else "-",
-          "%.1f" % t if t else "-", "%.2f" % (o / t) if o and t else "-"))
-EOF
+    { grep -m1 'model name' /proc/cpuinfo | sed 's/^model name\s*: /# cpu: /'; "$FA" info | grep 'cpu simd'; } |
+        tee -a "$OUT/cpu.log"
+    [ ${#runs[@]} -gt 0 ] && "$PY" bench/cpu_report.py "${runs[@]}" | tee -a "$OUT/cpu.log"
 }
 
 # At most 8 files under $OUT: the extras (plots included) go into extras.tar.
