@@ -30,15 +30,12 @@ def rows(data):
     opts = data["meta"]["options"]
     rates = {(r["shape"], r["pass"]): r["median"] for r in data["records"] if r["impl"] == "ours"}
     ratios = {(r["shape"], r["pass"]): r for r in data["ratios"] if r["num"] == "ours" and r["den"] == "flash"}
-    shapes = sorted({s for s, _ in ratios}, key=lambda s: "causal" in s)
-    full = [s for s in shapes if "causal" not in s]
-    causal = [s for s in shapes if "causal" in s]
+    shapes = {s for s, _ in ratios}  # one seqlen: a non-causal shape and a causal one
+    full = next((s for s in shapes if "causal" not in s), None)
+    causal = next((s for s in shapes if "causal" in s), None)
     out = []
     for p in PASSES:
-        cells = []
-        for group in (full, causal):
-            key = (group[0], p) if group else None
-            cells.append(cell(rates.get(key), ratios.get(key)) if key else "-")
+        cells = [cell(rates.get((s, p)), ratios.get((s, p))) for s in (full, causal)]
         if cells != ["-", "-"]:
             out.append((DTYPES.get(opts["dtype"], opts["dtype"]), opts["threads"], p, cells[0], cells[1]))
     return out

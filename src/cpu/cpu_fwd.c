@@ -79,7 +79,8 @@ static fwd_scratch fwd_scratch_carve(const fa_params *p, fa_arena *a) {
     s.lo = fa_arena_take(a, sizeof(int32_t) * FA_FWD_BR);
     s.hi = fa_arena_take(a, sizeof(int32_t) * FA_FWD_BR);
 #ifdef FA_CPU_BF16
-    s.pt = fa_arena_take(a, sizeof(uint32_t) * fa_round_up(FA_FWD_BC / 2, 16) * FWD_LDS);
+    s.pt =
+        fa_cpu_bf16_products(p) ? fa_arena_take(a, sizeof(uint32_t) * fa_round_up(FA_FWD_BC / 2, 16) * FWD_LDS) : NULL;
 #endif
 #ifdef FA_CPU_AMX
     s.ot = fa_arena_take(a, sizeof(float) * fa_cpu_row_width(p) * FWD_LDS);
