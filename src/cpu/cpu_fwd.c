@@ -328,10 +328,7 @@ static inline fa_vf fwd_exp2(const uint32_t *pcol, fa_vf x) {
  * fwd_softmax's two passes take the vector. The exponent is one multiply-add, scale log2 e and m log2 e folded. */
 static int fwd_softmax_kept(fwd_scratch *sc, int64_t v, const float *col, uint32_t *pcol, int64_t nk, fa_vf m,
                             float scale) {
-    const fa_vi none = m == fa_vset1(-__builtin_inff());
-    int first = 0;
-    for (int k = 0; k < FA_VL; k++) first |= none[k];
-    if (first) return 0;
+    if (fa_vi_any(m == fa_vset1(-__builtin_inff()))) return 0;
     const fa_vf c = fa_vset1(scale * FA_LOG2E), mc = m * -FA_LOG2E;
     fa_vf top0 = fa_vset1(-__builtin_inff()), top1 = top0, sum0 = fa_vset1(0.0f), sum1 = sum0;
     int64_t j = 0;
@@ -353,10 +350,7 @@ static int fwd_softmax_kept(fwd_scratch *sc, int64_t v, const float *col, uint32
         sum0 += p0;
     }
     /* (a NaN score fails the test below too: its lane keeps m, and the NaN reaches the sum) */
-    const fa_vi moved = fa_vmax(top0, top1) > fa_vset1(FWD_STALE_LOG2);
-    int any = 0;
-    for (int k = 0; k < FA_VL; k++) any |= moved[k];
-    if (any) return 0;
+    if (fa_vi_any(fa_vmax(top0, top1) > fa_vset1(FWD_STALE_LOG2))) return 0;
     fa_vstore(sc->l + v * FA_VL, fa_vload(sc->l + v * FA_VL) + (sum0 + sum1));
     fa_vstore(sc->alpha + v * FA_VL, fa_vset1(1.0f));
     return 1;
@@ -439,9 +433,7 @@ static int fwd_softmax(fwd_scratch *sc, int64_t v0, int64_t nv, int64_t j0, int6
         fa_vstore(sc->m + v * FA_VL, mx);
         fa_vstore(sc->alpha + v * FA_VL, alpha);
     }
-    int any = 0;
-    for (int k = 0; k < FA_VL; k++) any |= moved[k];
-    return any;
+    return fa_vi_any(moved);
 }
 
 /* S^T = K x Q^T: (keys rounded to FA_MR) x (ncols) over head_dim; qt starts at a strip. */

@@ -65,6 +65,12 @@ FA_INLINE fa_vf fa_vset1(float x) {
 FA_INLINE fa_vi fa_viset1(int32_t x) {
     return (fa_vi){ 0 } + x;
 }
+/* Whether some lane of a mask (lanes all-ones or zero) is set. */
+FA_INLINE int fa_vi_any(fa_vi mask) {
+    int any = 0;
+    for (int i = 0; i < FA_VL; i++) any |= mask[i] != 0;
+    return any;
+}
 /* 0, 1, 2, ... as floats / ints. */
 FA_INLINE fa_vi fa_viota(void) {
     fa_vi r;
