@@ -652,14 +652,24 @@ fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtenso
                     hp_fence_proxy_async();
                 }
             }
+            /* Every load of the step before the first store: a store through this generic pointer may alias the
+             * arrays, so a load after one waits for it, and the step's 2 x BM / 32 round trips to L2 or memory in a
+             * row set the pace of short sequences (whose rows are rarely in L2). Rows past the sequence read the
+             * sequence's first row (any valid address), then take +inf and 0. */
+            const int64_t li0 = bwd_lse_index(a, w.cta.b, sq.tok_q, 0, st.hq); /* row m at li0 + m */
+            float lse2v[BM / 32], neg_dsumv[BM / 32];
+#pragma unroll
+            for (int k = 0; k < BM / 32; ++k) {
+                const int m = st.mb * BM + lane + 32 * k;
+                lse2v[k] = __ldg(a.lse2 + li0 + (m < sq.len_q ? m : 0));
+                neg_dsumv[k] = -__ldg(a.dsum + li0 + (m < sq.len_q ? m : 0));
+            }
             float *lse2 = rows + slot * 2 * BM, *neg_dsum = lse2 + BM;
 #pragma unroll
-            for (int r = lane; r < BM; r += 32) {
-                const int m = st.mb * BM + r;
-                const bool in = m < sq.len_q;
-                const int64_t li = in ? bwd_lse_index(a, w.cta.b, sq.tok_q, m, st.hq) : 0;
-                lse2[r] = in ? a.lse2[li] : INFINITY;
-                neg_dsum[r] = in ? -a.dsum[li] : 0.f;
+            for (int k = 0; k < BM / 32; ++k) {
+                const bool in = st.mb * BM + lane + 32 * k < sq.len_q;
+                lse2[lane + 32 * k] = in ? lse2v[k] : INFINITY;
+                neg_dsum[lane + 32 * k] = in ? neg_dsumv[k] : 0.f;
             }
             hp_mbar_arrive(bars + C::kBarFull + 8 * slot);
         }
