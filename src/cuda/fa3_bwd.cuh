@@ -660,9 +660,9 @@ fa3_bwd_producer(const CUtensorMap *tm_q, const CUtensorMap *tm_k, const CUtenso
             float lse2v[BM / 32], neg_dsumv[BM / 32];
 #pragma unroll
             for (int k = 0; k < BM / 32; ++k) {
-                const int m = st.mb * BM + lane + 32 * k;
-                lse2v[k] = __ldg(a.lse2 + li0 + (m < sq.len_q ? m : 0));
-                neg_dsumv[k] = -__ldg(a.dsum + li0 + (m < sq.len_q ? m : 0));
+                const int m = st.mb * BM + lane + 32 * k, row = m < sq.len_q ? m : 0;
+                lse2v[k] = __ldg(a.lse2 + li0 + row);
+                neg_dsumv[k] = -__ldg(a.dsum + li0 + row);
             }
             float *lse2 = rows + slot * 2 * BM, *neg_dsum = lse2 + BM;
 #pragma unroll
