@@ -412,7 +412,7 @@ static void numeric_cases(void) {
 /* The 16-bit cases the CUDA backend runs (where a GPU is present; the CPU and reference backends run them
  * everywhere): GQA 4:1 and 8:1, MQA, contiguous and paged (page sizes 1, 16, 64), cache_batch_idx, leftpad,
  * append with and without rotary (both forms), seqlen_q 1 and 4 (causal), windows, softcap, ALiBi, head dims
- * 64, 128 and 256, explicit split counts 1 and 3 and the heuristic's (0); sequence 1 of every case starts
+ * 64, 128 and 256, explicit split counts 1, 3, 40, 60 and 100 and the heuristic's (0); sequence 1 of every case starts
  * empty (attending 0 keys without new tokens, 1 with one). */
 static void gpu_cases(void) {
     /* tag, dtype, batch, hq, hkv, d, sq, new, cap, page, rotary, interleaved, causal, wl, wr, softcap, alibi,
@@ -445,6 +445,11 @@ static void gpu_cases(void) {
         /* head dim 64's tiles of 128 keys: across pages of 16 (a leftpad shifts them), split, causal rows */
         { "gpu-d64-paged16-leftpad", FA_BF16, 3, 8, 2, 64, 1, 1, 700, 16, 0, 1, 0, -1, -1, 0, 0, 1, 0, 0, 3 },
         { "gpu-d64-long", FA_F16, 2, 16, 2, 64, 2, 1, 3000, 0, 32, 1, 1, -1, -1, 0, 0, 0, 0, 0, 0 },
+        /* many splits: the combine takes a row's columns in slices (4 at d128 with 100 splits; 2 of 24 float4
+         * columns at d192 and of 12 at d96, where threads of a block are left over) */
+        { "gpu-mqa-splits100", FA_BF16, 2, 32, 1, 128, 1, 1, 7000, 0, 0, 1, 0, -1, -1, 0, 0, 0, 0, 0, 100 },
+        { "gpu-d192-splits40", FA_F16, 2, 12, 4, 192, 1, 0, 3000, 0, 0, 1, 0, -1, -1, 0, 0, 1, 0, 0, 40 },
+        { "gpu-d96-splits60", FA_BF16, 2, 8, 2, 96, 2, 1, 4000, 0, 0, 1, 1, -1, -1, 0, 0, 0, 0, 0, 60 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], th_opt.seed * 104729u + i);
     /* The rings that d = 128 (two tiles) and d = 64 (three, 98 KB with Q) take on the parts with 99 KB of shared

@@ -145,6 +145,9 @@ part_sanitize() {
     matrix+=("--decode --backend cuda --dtype f16 --batch 3 --heads 6 --heads-kv 2 --seqlen-k 300 --head-dim 192 \
 --page-size 96 --new 2 --leftpad")
     matrix+=("--decode --backend cuda --dtype bf16 --batch 2 --heads 8 --heads-kv 2 --seqlen-k 333 --head-dim 96 --leftpad")
+    # (128 splits, some empty under the leftpad: the combine's column slices, every partial read)
+    matrix+=("--decode --backend cuda --dtype bf16 --batch 1 --heads 32 --heads-kv 1 --seqlen-k 16384 --head-dim 128 \
+--leftpad")
     matrix+=("--backend naive --bwd $small --head-dim 64")
     local regressions=(
         "--dtype bf16 --batch 2 --seqlen-q 100 --seqlen-k 200 --heads 4 --heads-kv 2 --head-dim 64 --causal"

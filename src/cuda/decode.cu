@@ -200,14 +200,21 @@ extern "C" void decode_describe(const fa_params *p, const fa_kvcache *kv, const 
                                 size_t size) {
     const decode_plan pl = plan_get(p, kv, dev);
     const int64_t ctas = (int64_t)p->batch * p->heads_kv * pl.m_groups * pl.num_splits;
-    const int bn = decode_block_n(p->head_dim);
+    const int bn = decode_block_n(p->head_dim), slices = decode_combine_slices(p->head_dim, pl.num_splits);
+    char combine[128] = "";
+    if (pl.num_splits > 1 && slices > 1)
+        snprintf(combine, sizeof combine,
+                 "; a combine pass over the splits (a block per query row and each of its %d "
+                 "column slices)",
+                 slices);
+    else if (pl.num_splits > 1)
+        snprintf(combine, sizeof combine, "; a combine pass over the splits (a block per query row)");
     snprintf(buf, size,
              "%s%d split%s of the cache's %lld rows (%lld %d-key tiles); %lld attention CTAs (batch %d x kv heads %d x "
              "%lld groups of %d query rows x splits), %d per SM, a ring of %d K/V tiles%s",
              p->k.data ? "append, then " : "", pl.num_splits, pl.num_splits == 1 ? "" : "s", (long long)kv_capacity(kv),
              (long long)((kv_capacity(kv) + bn - 1) / bn), bn, (long long)ctas, p->batch, p->heads_kv,
-             (long long)pl.m_groups, 16 * pl.row_blocks, pl.per_sm, pl.stages,
-             pl.num_splits > 1 ? "; a combine pass over the splits" : "");
+             (long long)pl.m_groups, 16 * pl.row_blocks, pl.per_sm, pl.stages, combine);
 }
 
 template <typename T>
@@ -219,7 +226,8 @@ static cudaError_t launch_append(const decode_args *a, cudaStream_t stream) {
 template <typename T>
 static cudaError_t launch_combine(const decode_args *a, cudaStream_t stream) {
     const int64_t rows = (int64_t)a->batch * a->heads_q * a->seqlen_q;
-    return decode_launch(decode_combine_kernel<T>, dim3((unsigned)rows), DECODE_COMBINE_THREADS, 0, stream, *a);
+    return decode_launch(decode_combine_kernel<T>, dim3((unsigned)rows, (unsigned)a->combine_slices),
+                         DECODE_COMBINE_THREADS, 0, stream, *a);
 }
 
 extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const fa_cuda_device *dev, void *workspace,
@@ -262,6 +270,7 @@ extern "C" fa_status decode_run(const fa_params *p, const fa_kvcache *kv, const 
     a.window_left = p->window_left, a.window_right = p->window_right;
     a.alibi = p->alibi_slopes, a.alibi_batch_stride = p->alibi_batch_stride;
     a.num_splits = pl.num_splits;
+    a.combine_slices = decode_combine_slices(p->head_dim, pl.num_splits);
     a.overlap_launch = dev->cc_major >= 9;
     a.smem_request = (int32_t)pl.smem_request;
     if (pl.num_splits > 1) {

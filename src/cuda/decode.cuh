@@ -72,6 +72,7 @@ typedef struct decode_args {
     const float *alibi;
     int64_t alibi_batch_stride;
     int32_t num_splits;
+    int32_t combine_slices;   /* column slices of a row in the combine (decode_combine_slices) */
     int32_t overlap_launch;   /* host: launch as programmatic dependents (sm_90) */
     int32_t smem_request;     /* host: the block's shared memory, at least what the kernel uses (decode_plan) */
     float *part_o, *part_lse; /* workspace (num_splits > 1): (splits, batch, heads_q, seqlen_q[, head_dim]) */
@@ -196,26 +197,51 @@ __global__ void decode_append_kernel(const __grid_constant__ decode_args a) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Combine: one block per query row (b, h, i) merges the splits' partial O and LSE. Thread t weighs columns
- * 4 (t % (D / 4)) .. of the splits t / (D / 4), + groups, ..: the splits' loads are independent (no branch between
- * them), so a thread has several in flight; the groups' sums meet in shared memory.
+ * Combine: a block per query row (b, h, i) and slice of its columns merges the splits' partial O and LSE. Thread
+ * t weighs columns 4 (t % chunks) .. of the slice for the splits t / chunks, + groups, ..; the host picks the
+ * slices (decode_combine_slices) so that a thread has at most DECODE_COMBINE_LOADS splits, whose partial O it
+ * requests together with the LSEs: one round trip to L2 for both, however many splits a row has (MQA over a long
+ * cache: 128). The groups' sums meet in shared memory.
  * ------------------------------------------------------------------------------------------------------- */
 
 #define DECODE_COMBINE_THREADS 128
+#define DECODE_COMBINE_LOADS   8
 #define DECODE_MAX_SPLITS      128
+
+/* The fewest column slices of a row (a divisor of its head_dim / 4 float4 columns) that leave each combine
+ * thread at most DECODE_COMBINE_LOADS splits; head dims are multiples of 32, so 8 columns a slice always do. */
+static inline __host__ __device__ int decode_combine_slices(int head_dim, int splits) {
+    const int chunks = head_dim / 4;
+    for (int slices = 1; slices < chunks; slices++) {
+        if (chunks % slices) continue;
+        if (DECODE_COMBINE_THREADS / (chunks / slices) * DECODE_COMBINE_LOADS >= splits) return slices;
+    }
+    return chunks;
+}
 
 template <typename T>
 __global__ void __launch_bounds__(DECODE_COMBINE_THREADS) decode_combine_kernel(const __grid_constant__ decode_args a) {
     typedef fa_elem<T> E;
-    constexpr int kThreads = DECODE_COMBINE_THREADS, kWarps = kThreads / 32;
+    constexpr int kThreads = DECODE_COMBINE_THREADS, kWarps = kThreads / 32, kLoads = DECODE_COMBINE_LOADS;
     static_assert(DECODE_MAX_SPLITS <= kThreads, "decode combine: a split's LSE per thread");
     __shared__ float weight[DECODE_MAX_SPLITS], red[2][kWarps];
     __shared__ float4 part[kThreads];
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q, row = blockIdx.x; /* (b heads_q + h) seqlen_q + i */
+    const int S = a.num_splits, D = a.head_dim;
+    const int chunks = D / 4 / a.combine_slices, groups = kThreads / chunks;
+    const int g = tid / chunks, c = (int)blockIdx.y * chunks + tid % chunks; /* c: the thread's float4 column */
     fa_grid_launch_dependents();
     fa_grid_dependency_wait();
-    const int S = a.num_splits, D = a.head_dim;
+
+    /* the thread's splits' partial O, in flight while the LSEs are read */
+    float4 x[kLoads];
+#pragma unroll
+    for (int k = 0; k < kLoads; k++) {
+        const int s = g + k * groups;
+        x[k] = g < groups && s < S ? *(const float4 *)(a.part_o + (s * rows + row) * D + 4 * c)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
 
     /* the splits' weights exp(lse_s - max) and their sum */
     const float l = tid < S ? a.part_lse[tid * rows + row] : -INFINITY;
@@ -234,16 +260,12 @@ __global__ void __launch_bounds__(DECODE_COMBINE_THREADS) decode_combine_kernel(
 #pragma unroll
     for (int w = 0; w < kWarps; w++) sum += red[1][w];
 
-    const int chunks = D / 4, groups = kThreads / chunks, c = tid % chunks, g = tid / chunks;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (g < groups) {
-#pragma unroll 4
-        for (int s = g; s < S; s += groups) {
-            const float w = weight[s];
-            const float4 x = *(const float4 *)(a.part_o + (s * rows + row) * D + 4 * c);
-            if (w != 0.0f) /* an empty split's partial O is never written: selected away, not multiplied by 0 */
-                acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
-        }
+#pragma unroll
+    for (int k = 0; k < kLoads; k++) {
+        const int s = g + k * groups;
+        const float w = g < groups && s < S ? weight[s] : 0.0f;
+        if (w != 0.0f) acc.x += w * x[k].x, acc.y += w * x[k].y, acc.z += w * x[k].z, acc.w += w * x[k].w;
     }
     part[tid] = acc;
     __syncthreads();
@@ -261,7 +283,7 @@ __global__ void __launch_bounds__(DECODE_COMBINE_THREADS) decode_combine_kernel(
         packed.y = E::pack(acc.z * inv, acc.w * inv);
         *(uint2 *)o = packed;
     }
-    if (a.lse && tid == 0) a.lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    if (a.lse && blockIdx.y == 0 && tid == 0) a.lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -641,7 +663,7 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32 * MB) decode_attn_kernel(con
             if (a.lse && c == 0) a.lse[row] = lse;
         } else {
             const int64_t at = split * rows + row;
-            if (L > 0.0f) *(float4 *)(a.part_o + at * D + c) = o; /* (the combine skips an empty split's O) */
+            *(float4 *)(a.part_o + at * D + c) = o; /* (zeros for an empty split: the combine reads every one) */
             if (c == 0) a.part_lse[at] = lse;
         }
     }
