@@ -20,7 +20,8 @@
  * the bottom-right mask) element by element: the kernel waits on memory, not on arithmetic. Each warp keeps its
  * own running max, sum and O; at the end the warps merge through shared memory. With one split the block
  * writes O and LSE; with several it writes its normalised O and its LSE in fp32 to the workspace, and the
- * combine kernel (one block per query row) weighs the splits by exp(lse_split - lse) into O and LSE.
+ * combine kernel (a block per query row and column slice) weighs the splits by exp(lse_split - lse) into O and
+ * LSE.
  *
  * On sm_90 the three kernels are launched as programmatic dependents (decode_launch) and let the next kernel
  * launch as they start: a kernel's blocks may be resident while the one before it in the stream finishes, and
