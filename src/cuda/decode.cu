@@ -202,13 +202,9 @@ extern "C" void decode_describe(const fa_params *p, const fa_kvcache *kv, const 
     const int64_t ctas = (int64_t)p->batch * p->heads_kv * pl.m_groups * pl.num_splits;
     const int bn = decode_block_n(p->head_dim), slices = decode_combine_slices(p->head_dim, pl.num_splits);
     char combine[128] = "";
-    if (pl.num_splits > 1 && slices > 1)
-        snprintf(combine, sizeof combine,
-                 "; a combine pass over the splits (a block per query row and each of its %d "
-                 "column slices)",
-                 slices);
-    else if (pl.num_splits > 1)
-        snprintf(combine, sizeof combine, "; a combine pass over the splits (a block per query row)");
+    if (pl.num_splits > 1)
+        snprintf(combine, sizeof combine, "; a combine pass over the splits (a block per query row%s)",
+                 slices > 1 ? " and column slice" : "");
     snprintf(buf, size,
              "%s%d split%s of the cache's %lld rows (%lld %d-key tiles); %lld attention CTAs (batch %d x kv heads %d x "
              "%lld groups of %d query rows x splits), %d per SM, a ring of %d K/V tiles%s",

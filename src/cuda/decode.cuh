@@ -265,8 +265,8 @@ __global__ void __launch_bounds__(DECODE_COMBINE_THREADS) decode_combine_kernel(
 #pragma unroll
     for (int k = 0; k < kLoads; k++) {
         const int s = g + k * groups;
-        const float w = g < groups && s < S ? weight[s] : 0.0f;
-        if (w != 0.0f) acc.x += w * x[k].x, acc.y += w * x[k].y, acc.z += w * x[k].z, acc.w += w * x[k].w;
+        const float w = g < groups && s < S ? weight[s] : 0.0f; /* (x[k] is zeros there) */
+        acc.x += w * x[k].x, acc.y += w * x[k].y, acc.z += w * x[k].z, acc.w += w * x[k].w;
     }
     part[tid] = acc;
     __syncthreads();
