@@ -121,7 +121,7 @@ size_t fa2_bwd_workspace_size(const fa_params *p, const fa_cuda_device *dev) {
 }
 
 /* The kernels' arguments for problem p with the workspace laid out as fa2_bwd_workspace_size counts it; also
- * what the FA3 backward's pre- and post-pass (the same preprocess and convert kernels) read. */
+ * what the FA3 backward's pre- and post-pass (the same preprocess kernel, a convert of its own) read. */
 void fa2_bwd_args_make(const fa_params *p, int nsplit, void *workspace, fa2_bwd_args *a) {
     const int64_t lse_n =
         fa_is_varlen(p) ? (int64_t)p->heads_q * p->total_q : (int64_t)p->batch * p->heads_q * p->seqlen_q;

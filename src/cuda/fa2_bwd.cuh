@@ -219,15 +219,25 @@ struct bwd_row_lanes {
     enum { N = D / 8 <= 4 ? 4 : D / 8 <= 8 ? 8 : D / 8 <= 16 ? 16 : 32 };
 };
 
-/* ---- 1. preprocess: D = rowsum(dO * O), LSE2 = LSE * log2(e). Grid (ceil(Sq / 64), Hq, B), 256 threads. ---- */
+/* ---- 1. preprocess: D = rowsum(dO * O), LSE2 = LSE * log2(e). Grid (ceil(Sq / 64), Hq, B), 256 threads. With
+ * ZERO_FA3 it also zeroes the FA3 backward's dQ accumulator (fa3_bwd_dq_index) for its 64 rows: whole blocks of 16
+ * rows, which never reach another sequence's (fa3_bwd_dq_row0). Zeroing here, beside the reads of O and dO, costs
+ * less than a memset of the whole accumulator before this kernel. ---- */
 
-template <typename T, int D>
+template <typename T, int D, bool ZERO_FA3>
 __global__ void __launch_bounds__(256) fa2_bwd_preprocess_kernel(const fa2_bwd_args a) {
     constexpr int LANES = bwd_row_lanes<D>::N, ROWS = 256 / LANES; /* ROWS divides 64 */
     const int h = blockIdx.y, b = blockIdx.z;
     const bwd_seq s = bwd_seq_get(a, b);
     const bool varlen = a.cu_seqlens_q != nullptr;
     const int sub = threadIdx.x % LANES;
+    if constexpr (ZERO_FA3) {
+        const int64_t row0 = fa3_bwd_dq_row0(s.tok_q, b) + blockIdx.x * 64;
+        for (int j = 0; j < 4 && (int)blockIdx.x * 64 + 16 * j < s.len_q; ++j) {
+            float4 *blk = reinterpret_cast<float4 *>(a.dq_accum + fa3_bwd_dq_index(row0 + 16 * j, h, 0, a.heads_q, D));
+            for (int i = threadIdx.x; i < 4 * D; i += 256) blk[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
     for (int r0 = blockIdx.x * 64; r0 < (int)(blockIdx.x + 1) * 64 && r0 < s.len_q; r0 += ROWS) {
         const int r = r0 + threadIdx.x / LANES;
         float dot = 0.f;
@@ -256,10 +266,10 @@ __global__ void __launch_bounds__(256) fa2_bwd_preprocess_kernel(const fa2_bwd_a
     }
 }
 
-/* ---- 3. convert: dQ = scale * sum of the dQaccum slices. Grid (ceil(Sq / 64), Hq, B), 256 threads. FA3: dQaccum
- * in the FA3 backward's order (fa3_bwd_dq_index). ---- */
+/* ---- 3. convert: dQ = scale * sum of the dQaccum slices. Grid (ceil(Sq / 64), Hq, B), 256 threads. (The FA3
+ * backward's accumulator order has a convert of its own: fa3_bwd_convert_dq_kernel.) ---- */
 
-template <typename T, int D, bool FA3>
+template <typename T, int D>
 __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_args a) {
     constexpr int LANES = bwd_row_lanes<D>::N, ROWS = 256 / LANES;
     const int h = blockIdx.y, b = blockIdx.z;
@@ -269,18 +279,14 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
     const int nsplit = a.deterministic ? a.nsplit : 1;
     if (sub >= D / 8) return;
     for (int r = blockIdx.x * 64 + threadIdx.x / LANES; r < min(s.len_q, (int)(blockIdx.x + 1) * 64); r += ROWS) {
-        /* columns sub*8 .. sub*8+7 as four pairs: FA2 at fa2_bwd_dq_pos(8 (sub % 2) + 2t) in group sub / 2, FA3 4t
-         * apart */
-        const float *src =
-            a.dq_accum + (FA3 ? fa3_bwd_dq_index(fa3_bwd_dq_row0(s.tok_q, b) + r, h, sub * 8, a.heads_q, D)
-                              : fa2_bwd_dq_index(s.tok_q + r, h, sub / 2 * 16, a.heads_q, D));
+        /* columns sub*8 .. sub*8+7 as four pairs at fa2_bwd_dq_pos(8 (sub % 2) + 2t) in group sub / 2 */
+        const float *src = a.dq_accum + fa2_bwd_dq_index(s.tok_q + r, h, sub / 2 * 16, a.heads_q, D);
         float acc[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
         for (int sp = 0; sp < nsplit; sp++) {
             const float *p = src + sp * a.dq_split_stride;
 #pragma unroll
             for (int t = 0; t < 4; t++) {
-                const float2 x =
-                    *reinterpret_cast<const float2 *>(p + (FA3 ? 4 * t : fa2_bwd_dq_pos(sub % 2 * 8 + 2 * t)));
+                const float2 x = *reinterpret_cast<const float2 *>(p + fa2_bwd_dq_pos(sub % 2 * 8 + 2 * t));
                 acc[2 * t] += x.x, acc[2 * t + 1] += x.y;
             }
         }
@@ -835,7 +841,7 @@ template <typename T, int D>
 static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int tile, int key_blocks, cudaStream_t st) {
     const dim3 rows_grid((a->seqlen_q + 63) / 64, a->heads_q, a->batch);
     if (a->seqlen_q > 0) {
-        fa2_bwd_preprocess_kernel<T, D><<<rows_grid, 256, 0, st>>>(*a);
+        fa2_bwd_preprocess_kernel<T, D, false><<<rows_grid, 256, 0, st>>>(*a);
         fa_status st0 = fa_cuda_status(cudaGetLastError(), "fa2 backward preprocess launch");
         if (st0 != FA_OK) return st0;
     }
@@ -844,7 +850,7 @@ static fa_status fa2_bwd_launch(const fa2_bwd_args *a, int tile, int key_blocks,
         if (st1 != FA_OK) return st1;
     }
     if (a->seqlen_q > 0) {
-        fa2_bwd_convert_dq_kernel<T, D, false><<<rows_grid, 256, 0, st>>>(*a);
+        fa2_bwd_convert_dq_kernel<T, D><<<rows_grid, 256, 0, st>>>(*a);
         return fa_cuda_status(cudaGetLastError(), "fa2 backward convert launch");
     }
     return FA_OK;

@@ -46,7 +46,7 @@ extern "C" fa_status fa3_bwd_supported(const fa_params *p, const fa_cuda_device 
     /* varlen: TMA coordinates are 32-bit token indices */
     if (fa_is_varlen(p) && (p->total_q > INT32_MAX - 128 || p->total_k > INT32_MAX - 128))
         return fa_fail(FA_ERR_UNSUPPORTED, "fa3 backward: more than 2^31 - 129 packed tokens");
-    /* the pre- and post-pass are the FA2 backward's, with its requirements (dtype, alignment, strides) */
+    /* the preprocess is the FA2 backward's, with its requirements (dtype, alignment, strides) */
     fa_status st = fa2_bwd_supported(p, dev);
     if (st != FA_OK) return st;
     const int dense = !fa_is_varlen(p);
@@ -121,7 +121,7 @@ extern "C" void fa3_bwd_describe(const fa_params *p, const fa_cuda_device *dev, 
                  last_first ? "last" : "first", g, wide ? " or one more" : "", g == 1 && !wide ? "" : "s");
     snprintf(buf, size,
              "a CTA per %d-key block (%d x %d x %d = %d CTAs; %s), two consumer warpgroups %s walking %d-query "
-             "steps, dQ added to an fp32 accumulator%s; the FA2 backward's pre- and post-pass",
+             "steps, dQ added to an fp32 accumulator%s (zeroed by the preprocess)",
              block_n, key_blocks, p->heads_kv, p->batch, key_blocks * p->heads_kv * p->batch, order,
              p->head_dim == 256 ? "splitting the keys for S and the head dim for dK, dV, dQ" : "of 64 keys", block_m,
              p->deterministic ? " by the key blocks in a fixed order (deterministic)" : "");
@@ -148,9 +148,7 @@ extern "C" fa_status fa3_bwd_run(const fa_params *p, const fa_cuda_device *dev, 
         (st = fa3_tensor_map_rows(&maps[2], p, &p->v, rows_k, p->heads_kv, block_n)) != FA_OK ||
         (st = fa3_tensor_map_rows(&maps[3], p, &p->dout, rows_q, p->heads_q, block_m)) != FA_OK)
         return st;
-    st = fa_cuda_status(cudaMemsetAsync(a.b.dq_accum, 0, fa2_bwd_dq_accum_bytes(&a.b), stream),
-                        "fa3 backward dQ accumulator reset");
-    if (st != FA_OK) return st;
+    /* (the preprocess kernel zeroes the dQ accumulator) */
     if (p->deterministic) {
         a.m_blocks = fa3_bwd_m_blocks(p);
         a.dq_turns = (int *)((char *)workspace + fa3_bwd_turns_offset(p, dev));

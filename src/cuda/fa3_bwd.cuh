@@ -7,8 +7,9 @@
  * varlen batches each on or off, so that the dense default kernel carries none of their code (in it, that code cost
  * causal problems 8-13%, and ALiBi's made ptxas spill).
  *
- * The pre- and post-pass are the FA2 backward's (fa2_bwd.cuh): preprocess writes D = rowsum(dO * O) and
- * LSE * log2(e) (+inf where a row sees no key), convert scales the fp32 dQ accumulator into dQ. Between them
+ * The preprocess is the FA2 backward's (fa2_bwd.cuh): it writes D = rowsum(dO * O) and LSE * log2(e) (+inf where a
+ * row sees no key) and here also zeroes the fp32 dQ accumulator; fa3_bwd_convert_dq_kernel scales the accumulator,
+ * in this kernel's order, into dQ. Between them
  * one CTA per (key block of BN rows, kv head, batch; varlen: the longest sequence's key blocks, the others'
  * CTAs past their keys exit) keeps K and V in shared memory and dK, dV in registers,
  * and walks the query blocks of BM rows that see its keys, for every query head of its GQA group (the launch order
@@ -1099,8 +1100,54 @@ __global__ void __launch_bounds__(384, 1)
 #endif /* FA_SM90A */
 }
 
-/* Launches the FA2 preprocess, a backward kernel (its shared memory: smem_bytes) and the FA2 convert for one head
- * dim (dQaccum already zeroed). */
+/* dQ = scale * dQaccum in the FA3 order (fa3_bwd_dq_index). Grid (ceil(Sq / 64), Hq, B), 256 threads; a thread's
+ * unit is 64 contiguous bytes of the accumulator, rows r and r + 8 of a 16-row block at 8 columns, which it writes
+ * as 16 bytes of each row; consecutive threads read consecutive units. (The FA2 convert's 8-byte reads of one
+ * row took half of each 16-byte run and ran at half the memory's rate: 108 us at d128 with 16k tokens x 16 heads,
+ * H200, ncu, a sixth of the backward's time at 512 tokens.) */
+template <typename T, int D>
+__global__ void __launch_bounds__(256) fa3_bwd_convert_dq_kernel(const fa2_bwd_args a) {
+    const int h = blockIdx.y, b = blockIdx.z;
+    const bwd_seq s = bwd_seq_get(a, b);
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    const int m0 = blockIdx.x * 64;
+    const int64_t row0 = fa3_bwd_dq_row0(s.tok_q, b) + m0;
+#pragma unroll
+    for (int k = 0; k < 4 * D / 256; ++k) {
+        /* unit u of the CTA's 64 rows: 16-row block u / D, then (column group g, row pair p) as the order stores them
+         */
+        const int u = (int)threadIdx.x + 256 * k, blk = u / D, g = (u % D) / 8, p = u % 8;
+        const int r = m0 + 16 * blk + p; /* rows r and r + 8 of the sequence */
+        if (r >= s.len_q) continue;
+        const float4 *src = reinterpret_cast<const float4 *>(
+            a.dq_accum + fa3_bwd_dq_index(row0 + 16 * blk + p, h, 8 * g, a.heads_q, D));
+        float lo[8], hi[8]; /* rows r, r + 8: columns 8 g .. 8 g + 7 */
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const float4 x = src[t]; /* (r, 2t), (r, 2t + 1), (r + 8, 2t), (r + 8, 2t + 1) */
+            lo[2 * t] = x.x, lo[2 * t + 1] = x.y, hi[2 * t] = x.z, hi[2 * t + 1] = x.w;
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = r + 8 * half;
+            if (row >= s.len_q) break;
+            const float *v = half ? hi : lo;
+            /* a row the mask leaves no key has dQ = 0 exactly: its P is 0, but 0 times a NaN in dP (from V) or in
+             * D (from dO) would reach it */
+            uint4 out = make_uint4(0, 0, 0, 0);
+            if (fa_row_sees_key(row, s.len_q, s.len_k, a.window_left, a.window_right)) {
+                out.x = fa_elem<T>::pack(v[0] * a.scale, v[1] * a.scale);
+                out.y = fa_elem<T>::pack(v[2] * a.scale, v[3] * a.scale);
+                out.z = fa_elem<T>::pack(v[4] * a.scale, v[5] * a.scale);
+                out.w = fa_elem<T>::pack(v[6] * a.scale, v[7] * a.scale);
+            }
+            *reinterpret_cast<uint4 *>((T *)a.dq.data + bwd_row(a.dq, varlen, b, s.tok_q, row, h) + 8 * g) = out;
+        }
+    }
+}
+
+/* Launches the preprocess (which also zeroes dQaccum), a backward kernel (its shared memory: smem_bytes) and the
+ * convert for one head dim. */
 template <int D, typename T>
 static fa_status fa3_bwd_launch_kernel(void (*kernel)(const CUtensorMap, const CUtensorMap, const CUtensorMap,
                                                       const CUtensorMap, const fa3_bwd_args),
@@ -1109,7 +1156,7 @@ static fa_status fa3_bwd_launch_kernel(void (*kernel)(const CUtensorMap, const C
                                        cudaStream_t stream) {
     const dim3 rows_grid((a->b.seqlen_q + 63) / 64, a->b.heads_q, a->b.batch);
     if (a->b.seqlen_q > 0) {
-        fa2_bwd_preprocess_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a->b);
+        fa2_bwd_preprocess_kernel<T, D, true><<<rows_grid, 256, 0, stream>>>(a->b);
         fa_status st = fa_cuda_status(cudaGetLastError(), "fa3 backward preprocess launch");
         if (st != FA_OK) return st;
     }
@@ -1123,7 +1170,7 @@ static fa_status fa3_bwd_launch_kernel(void (*kernel)(const CUtensorMap, const C
         if (st != FA_OK) return st;
     }
     if (a->b.seqlen_q > 0) {
-        fa2_bwd_convert_dq_kernel<T, D, true><<<rows_grid, 256, 0, stream>>>(a->b);
+        fa3_bwd_convert_dq_kernel<T, D><<<rows_grid, 256, 0, stream>>>(a->b);
         return fa_cuda_status(cudaGetLastError(), "fa3 backward convert launch");
     }
     return FA_OK;
