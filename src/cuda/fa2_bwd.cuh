@@ -266,6 +266,22 @@ __global__ void __launch_bounds__(256) fa2_bwd_preprocess_kernel(const fa2_bwd_a
     }
 }
 
+/* dQ = scale * v at columns col .. col + 7 of row r of head h in sequence b (s), one 16-byte store (the FA2 and FA3
+ * converts). A row the mask leaves no key has dQ = 0 exactly: its P is 0, but 0 times a NaN in dP (from V) or in D
+ * (from dO) would reach it. */
+template <typename T>
+static __device__ __forceinline__ void bwd_store_dq8(const fa2_bwd_args &a, const bwd_seq &s, int b, int r, int h,
+                                                     int col, const float (&v)[8]) {
+    uint4 out = make_uint4(0, 0, 0, 0);
+    if (fa_row_sees_key(r, s.len_q, s.len_k, a.window_left, a.window_right)) {
+        out.x = fa_elem<T>::pack(v[0] * a.scale, v[1] * a.scale);
+        out.y = fa_elem<T>::pack(v[2] * a.scale, v[3] * a.scale);
+        out.z = fa_elem<T>::pack(v[4] * a.scale, v[5] * a.scale);
+        out.w = fa_elem<T>::pack(v[6] * a.scale, v[7] * a.scale);
+    }
+    *reinterpret_cast<uint4 *>((T *)a.dq.data + bwd_row(a.dq, a.cu_seqlens_q != nullptr, b, s.tok_q, r, h) + col) = out;
+}
+
 /* ---- 3. convert: dQ = scale * sum of the dQaccum slices. Grid (ceil(Sq / 64), Hq, B), 256 threads. (The FA3
  * backward's accumulator order has a convert of its own: fa3_bwd_convert_dq_kernel.) ---- */
 
@@ -274,7 +290,6 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
     constexpr int LANES = bwd_row_lanes<D>::N, ROWS = 256 / LANES;
     const int h = blockIdx.y, b = blockIdx.z;
     const bwd_seq s = bwd_seq_get(a, b);
-    const bool varlen = a.cu_seqlens_q != nullptr;
     const int sub = threadIdx.x % LANES;
     const int nsplit = a.deterministic ? a.nsplit : 1;
     if (sub >= D / 8) return;
@@ -290,16 +305,7 @@ __global__ void __launch_bounds__(256) fa2_bwd_convert_dq_kernel(const fa2_bwd_a
                 acc[2 * t] += x.x, acc[2 * t + 1] += x.y;
             }
         }
-        /* a row the mask leaves no key has dQ = 0 exactly: its P is 0, but 0 times a NaN in dP (from V) or in
-         * D (from dO) would reach it */
-        uint4 out = make_uint4(0, 0, 0, 0);
-        if (fa_row_sees_key(r, s.len_q, s.len_k, a.window_left, a.window_right)) {
-            out.x = fa_elem<T>::pack(acc[0] * a.scale, acc[1] * a.scale);
-            out.y = fa_elem<T>::pack(acc[2] * a.scale, acc[3] * a.scale);
-            out.z = fa_elem<T>::pack(acc[4] * a.scale, acc[5] * a.scale);
-            out.w = fa_elem<T>::pack(acc[6] * a.scale, acc[7] * a.scale);
-        }
-        *reinterpret_cast<uint4 *>((T *)a.dq.data + bwd_row(a.dq, varlen, b, s.tok_q, r, h) + sub * 8) = out;
+        bwd_store_dq8<T>(a, s, b, r, h, sub * 8, acc);
     }
 }
 

@@ -1109,13 +1109,11 @@ template <typename T, int D>
 __global__ void __launch_bounds__(256) fa3_bwd_convert_dq_kernel(const fa2_bwd_args a) {
     const int h = blockIdx.y, b = blockIdx.z;
     const bwd_seq s = bwd_seq_get(a, b);
-    const bool varlen = a.cu_seqlens_q != nullptr;
     const int m0 = blockIdx.x * 64;
     const int64_t row0 = fa3_bwd_dq_row0(s.tok_q, b) + m0;
 #pragma unroll
     for (int k = 0; k < 4 * D / 256; ++k) {
-        /* unit u of the CTA's 64 rows: 16-row block u / D, then (column group g, row pair p) as the order stores them
-         */
+        /* unit u of the CTA's 64 rows: 16-row block u / D, then column group g, row pair p (the order's layout) */
         const int u = (int)threadIdx.x + 256 * k, blk = u / D, g = (u % D) / 8, p = u % 8;
         const int r = m0 + 16 * blk + p; /* rows r and r + 8 of the sequence */
         if (r >= s.len_q) continue;
@@ -1127,22 +1125,8 @@ __global__ void __launch_bounds__(256) fa3_bwd_convert_dq_kernel(const fa2_bwd_a
             const float4 x = src[t]; /* (r, 2t), (r, 2t + 1), (r + 8, 2t), (r + 8, 2t + 1) */
             lo[2 * t] = x.x, lo[2 * t + 1] = x.y, hi[2 * t] = x.z, hi[2 * t + 1] = x.w;
         }
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = r + 8 * half;
-            if (row >= s.len_q) break;
-            const float *v = half ? hi : lo;
-            /* a row the mask leaves no key has dQ = 0 exactly: its P is 0, but 0 times a NaN in dP (from V) or in
-             * D (from dO) would reach it */
-            uint4 out = make_uint4(0, 0, 0, 0);
-            if (fa_row_sees_key(row, s.len_q, s.len_k, a.window_left, a.window_right)) {
-                out.x = fa_elem<T>::pack(v[0] * a.scale, v[1] * a.scale);
-                out.y = fa_elem<T>::pack(v[2] * a.scale, v[3] * a.scale);
-                out.z = fa_elem<T>::pack(v[4] * a.scale, v[5] * a.scale);
-                out.w = fa_elem<T>::pack(v[6] * a.scale, v[7] * a.scale);
-            }
-            *reinterpret_cast<uint4 *>((T *)a.dq.data + bwd_row(a.dq, varlen, b, s.tok_q, row, h) + 8 * g) = out;
-        }
+        bwd_store_dq8<T>(a, s, b, r, h, 8 * g, lo);
+        if (r + 8 < s.len_q) bwd_store_dq8<T>(a, s, b, r + 8, h, 8 * g, hi);
     }
 }
 
