@@ -9,11 +9,10 @@
  *
  * The preprocess is the FA2 backward's (fa2_bwd.cuh): it writes D = rowsum(dO * O) and LSE * log2(e) (+inf where a
  * row sees no key) and here also zeroes the fp32 dQ accumulator; fa3_bwd_convert_dq_kernel scales the accumulator,
- * in this kernel's order, into dQ. Between them
- * one CTA per (key block of BN rows, kv head, batch; varlen: the longest sequence's key blocks, the others'
- * CTAs past their keys exit) keeps K and V in shared memory and dK, dV in registers,
- * and walks the query blocks of BM rows that see its keys, for every query head of its GQA group (the launch order
- * of these CTAs: fa3_bwd_cta_get):
+ * in this kernel's order, into dQ. Between them one CTA per (key block of BN rows, kv head, batch; varlen: the
+ * longest sequence's key blocks, the others' CTAs past their keys exit) keeps K and V in shared memory and dK, dV
+ * in registers, and walks the query blocks of BM rows that see its keys, for every query head of its GQA group (the
+ * launch order of these CTAs: fa3_bwd_cta_get):
  *   warpgroup 0  producer: thread 0 issues the TMA loads, K and V once, then Q and dO per step into a
  *                STAGES-deep ring (fa3_pipe); warp 1 copies the step's LSE * log2(e) and -D rows beside them
  *                (+inf and 0 past the sequence, so that those queries get P = 0 without a mask). In a varlen
